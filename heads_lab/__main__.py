@@ -1,0 +1,3 @@
+from heads_lab.cli import main
+
+raise SystemExit(main())

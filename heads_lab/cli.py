@@ -1,0 +1,191 @@
+"""`heads-lab <command> [hydra overrides]`. Each command is a short function that wires the
+stages together; user errors (config, data, checkpoint) become one line on stderr and exit 2."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import os
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+USAGE = """usage: heads-lab <command> [overrides]
+
+Attention head-count ablations for Transformer translators.
+
+commands:
+  train    train a translator, then evaluate PPL, BLEU and chrF (Hydra overrides, -m to sweep)
+           e.g. heads-lab train model.heads=8
+                heads-lab train -m model.heads=1,2,4,8
+
+`heads-lab <command> --help` shows the command's config groups and keys.
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(USAGE, end="")
+        return 0
+    if args[0] in ("-V", "--version"):
+        from heads_lab import __version__
+
+        print(f"heads-lab {__version__}")
+        return 0
+    command, rest = args[0], args[1:]
+    if command not in COMMANDS:
+        print(f"error: unknown command {command!r}; commands: {', '.join(COMMANDS)} "
+              "(see heads-lab --help)", file=sys.stderr)
+        return 2
+    return _run_hydra(COMMANDS[command], command, rest)
+
+
+def _run_hydra(task: Callable, command: str, overrides: list[str]) -> int:
+    """Run `task` under Hydra with the packaged config tree, turning user errors into one line."""
+    import hydra
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from heads_lab.config import config_dir, register_configs
+    from heads_lab.errors import HeadsLabError
+
+    _refuse_finished_run_dir(overrides)
+    register_configs()
+    OmegaConf.register_new_resolver("hl_suffix", _dir_suffix, replace=True)
+    user_wants_traces = bool(os.environ.get("HYDRA_FULL_ERROR") or os.environ.get("HEADS_LAB_TRACEBACK"))
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # let Hydra raise, so we can report in one line
+    sys.argv = [f"heads-lab {command}", *overrides]
+    entry = hydra.main(config_path=str(config_dir()), config_name="train", version_base="1.3")(task)
+    _FAILED_JOBS.clear()
+    try:
+        if "--help" in overrides or "-h" in overrides:
+            return _hydra_help(entry)
+        entry()
+    except (HeadsLabError, HydraException, OmegaConfBaseException) as err:
+        if user_wants_traces:
+            raise
+        print(f"error: {_one_line(err)}", file=sys.stderr)
+        return 2
+    if _FAILED_JOBS:
+        print(f"error: {len(_FAILED_JOBS)} job(s) of the sweep failed: {'; '.join(_FAILED_JOBS)}",
+              file=sys.stderr)
+        return 2
+    return 0
+
+
+def _hydra_help(entry: Callable) -> int:
+    """Hydra's help, without the internal schema/ groups (they hold the typed schemas)."""
+    buffer, code = io.StringIO(), 0
+    with contextlib.redirect_stdout(buffer):
+        try:
+            entry()
+        except SystemExit as done:
+            code = done.code or 0
+    print("".join(line for line in buffer.getvalue().splitlines(keepends=True)
+                  if not line.startswith("schema/")), end="")
+    return int(code)
+
+
+def _refuse_finished_run_dir(overrides: list[str]) -> None:
+    """`hydra.run.dir=<a finished run>` must fail before Hydra writes into that dir."""
+    from heads_lab.errors import finished_run
+
+    for item in overrides:
+        if item.startswith("hydra.run.dir=") and "-m" not in overrides and \
+                "--multirun" not in overrides:
+            finished = Path(item.split("=", 1)[1]) / "results.json"
+            if finished.is_file():
+                print(f"error: {finished_run(finished.parent)}", file=sys.stderr)
+                raise SystemExit(2)
+
+
+def _dir_suffix(override_dirname: str, limit: int = 150) -> str:
+    """'_model.heads=8,seed=2' for run dir names ('' without overrides), safe as one path part;
+    a long one is cut and ends in a hash of the whole, so names stay distinct."""
+    if not override_dirname:
+        return ""
+    name = re.sub(r"[/\\\s]+", "-", override_dirname)
+    if len(name) > limit:
+        digest = hashlib.sha1(name.encode()).hexdigest()[:8]
+        name = f"{name[: limit - 10]}~{digest}"
+    return "_" + name
+
+
+def _one_line(err: BaseException) -> str:
+    """A user error as one line: what is wrong and how to fix it."""
+    from heads_lab.errors import HeadsLabError
+
+    if isinstance(err, HeadsLabError):
+        return str(err)
+    text = str(err).strip()
+    cause = str(err.__cause__).strip().splitlines()[0] if err.__cause__ else ""
+    first = text.splitlines()[0] if text else type(err).__name__
+    unknown = re.match(r"Could not override '([^']+)'", first)
+    if unknown:
+        key = unknown.group(1)
+        return (f"unknown config key '{key}' ({cause}); check the spelling against "
+                f"`heads-lab train --cfg job`, or add a new key with +{key}=...")
+    options = re.search(r"Could not find '([^']+)'.*?Available options in '([^']+)':\s*(.*?)"
+                        r"(?:Config search path|$)", text, re.S)
+    if options:
+        choices = ", ".join(o.strip() for o in options.group(3).split() if o.strip())
+        return (f"unknown config option '{options.group(1)}'; choose {options.group(2)}= one of: "
+                f"{choices}")
+    merge = re.match(r"Error merging override (\S+)", first)
+    if merge:
+        return f"bad value in override {merge.group(1)}: {cause}; fix the value's type or spelling"
+    return f"{first}{': ' + cause if cause else ''}"
+
+
+def train_task(cfg) -> float | None:
+    """`heads-lab train`: data → model → training → evaluation → results.json (+ wandb)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from heads_lab.config import to_dict, to_object, validate
+    from heads_lab.runner import run_training
+
+    hydra_cfg = HydraConfig.get()
+    with _user_errors(hydra_cfg):
+        run = to_object(cfg)
+        validate(run)
+        results = run_training(
+            run, config=to_dict(cfg), run_dir=Path(hydra_cfg.runtime.output_dir),
+            overrides=list(hydra_cfg.overrides.task),
+        )
+        return results["metrics"].get("valid/loss")  # what Hydra sweepers minimise
+    return None
+
+
+_FAILED_JOBS: list[str] = []
+
+
+@contextlib.contextmanager
+def _user_errors(hydra_cfg):
+    """A user error inside a job: one line on stderr. A single run exits 2 at once; in a sweep
+    the job is recorded as failed and the other jobs run (main() exits 2 at the end)."""
+    from hydra.types import RunMode
+
+    from heads_lab.errors import HeadsLabError
+
+    try:
+        yield
+    except HeadsLabError as err:
+        if os.environ.get("HEADS_LAB_TRACEBACK"):
+            raise
+        if hydra_cfg.mode != RunMode.MULTIRUN:
+            print(f"error: {err}", file=sys.stderr)
+            raise SystemExit(2) from None
+        job = ",".join(hydra_cfg.overrides.task) or str(hydra_cfg.job.num)
+        print(f"error: job {hydra_cfg.job.num} ({job}): {err}", file=sys.stderr)
+        _FAILED_JOBS.append(job)
+
+
+COMMANDS: dict[str, Callable] = {"train": train_task}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,118 @@
+"""Encoded splits and batches by token budget with length bucketing (fairseq `max_tokens`):
+sentences of similar length share a batch, so little compute goes to padding."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from heads_lab.data.tokenizer import BOS, EOS, PAD
+
+
+@dataclass
+class Split:
+    """One split: texts and their subword ids (without BOS/EOS)."""
+
+    src_text: list[str]
+    tgt_text: list[str]
+    src: list[np.ndarray]
+    tgt: list[np.ndarray]
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    @property
+    def src_lens(self) -> np.ndarray:
+        return np.fromiter((len(s) + 1 for s in self.src), dtype=np.int64, count=len(self.src))
+
+    @property
+    def tgt_lens(self) -> np.ndarray:
+        return np.fromiter((len(t) + 1 for t in self.tgt), dtype=np.int64, count=len(self.tgt))
+
+    def target_tokens(self) -> int:
+        """Target tokens including EOS: what perplexity and tokens/s count."""
+        return int(self.tgt_lens.sum())
+
+
+@dataclass
+class Batch:
+    ids: np.ndarray  # example indices in the split
+    src: Tensor  # [batch, src]  tokens + EOS, right-padded
+    tgt_in: Tensor  # [batch, tgt] BOS + tokens
+    tgt_out: Tensor  # [batch, tgt] tokens + EOS
+
+    @property
+    def target_tokens(self) -> int:
+        return int((self.tgt_out != PAD).sum())
+
+    def to(self, device: torch.device) -> Batch:
+        nb = device.type == "cuda"
+        return Batch(self.ids, self.src.to(device, non_blocking=nb),
+                     self.tgt_in.to(device, non_blocking=nb), self.tgt_out.to(device, non_blocking=nb))
+
+
+def bucket(
+    src_lens: np.ndarray,
+    tgt_lens: np.ndarray,
+    max_tokens: int,
+    rng: np.random.Generator | None = None,
+    max_sentences: int | None = None,
+) -> list[np.ndarray]:
+    """Indices grouped into batches of at most `max_tokens` padded tokens (batch size × the
+    longest source or target in it). Sorted by length; with `rng`, ties are broken randomly and
+    the batch order is shuffled (a new grouping each epoch)."""
+    n = len(src_lens)
+    tie = rng.random(n) if rng is not None else np.arange(n)
+    order = np.lexsort((tie, tgt_lens, src_lens))
+    longest = np.maximum(src_lens, tgt_lens)[order]
+    batches, start, width = [], 0, 0
+    for i in range(n):
+        width = max(width, int(longest[i]))
+        size = i - start + 1
+        if size * width > max_tokens or (max_sentences and size > max_sentences):
+            batches.append(order[start:i])
+            start, width = i, int(longest[i])
+    if start < n:
+        batches.append(order[start:])
+    if rng is not None:
+        batches = [batches[i] for i in rng.permutation(len(batches))]
+    return batches
+
+
+def collate(split: Split, ids: np.ndarray) -> Batch:
+    src = [split.src[i] for i in ids]
+    tgt = [split.tgt[i] for i in ids]
+    s_len, t_len = max(len(s) for s in src) + 1, max(len(t) for t in tgt) + 1
+    src_arr = np.full((len(ids), s_len), PAD, dtype=np.int64)
+    tgt_in = np.full((len(ids), t_len), PAD, dtype=np.int64)
+    tgt_out = np.full((len(ids), t_len), PAD, dtype=np.int64)
+    for row, (s, t) in enumerate(zip(src, tgt)):
+        src_arr[row, : len(s)], src_arr[row, len(s)] = s, EOS
+        tgt_in[row, 0], tgt_in[row, 1 : len(t) + 1] = BOS, t
+        tgt_out[row, : len(t)], tgt_out[row, len(t)] = t, EOS
+    return Batch(ids, torch.from_numpy(src_arr), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out))
+
+
+def epoch_batches(split: Split, max_tokens: int, seed: int, epoch: int) -> list[np.ndarray]:
+    """The training batches of one epoch: deterministic in (seed, epoch)."""
+    rng = np.random.default_rng([seed, epoch])
+    return bucket(split.src_lens, split.tgt_lens, max_tokens, rng)
+
+
+def iterate(split: Split, batches: list[np.ndarray]) -> Iterator[Batch]:
+    for ids in batches:
+        yield collate(split, ids)
+
+
+def padding_fraction(split: Split, batches: list[np.ndarray]) -> float:
+    """Fraction of source + target batch positions that are padding."""
+    src_lens, tgt_lens = split.src_lens, split.tgt_lens
+    real = padded = 0
+    for ids in batches:
+        real += int(src_lens[ids].sum() + tgt_lens[ids].sum())
+        padded += len(ids) * int(src_lens[ids].max() + tgt_lens[ids].max())
+    return 1.0 - real / max(padded, 1)

@@ -1,0 +1,80 @@
+"""A joint source/target SentencePiece model, trained once per (training text, settings) and
+cached on disk; later runs and every job of a sweep load it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+
+import sentencepiece as spm
+
+from heads_lab.errors import ConfigError
+
+PAD, UNK, BOS, EOS = 0, 1, 2, 3
+
+
+class Tokenizer:
+    """Text ↔ subword ids. Ids 0-3 are pad, unk, bos, eos."""
+
+    pad, unk, bos, eos = PAD, UNK, BOS, EOS
+
+    def __init__(self, model_file: Path):
+        self.path = Path(model_file)
+        self.sp = spm.SentencePieceProcessor(model_file=str(model_file))
+
+    def __len__(self) -> int:
+        return self.sp.get_piece_size()
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        return self.sp.encode(texts, num_threads=os.cpu_count() or 1)
+
+    def decode(self, ids: list[list[int]]) -> list[str]:
+        return self.sp.decode(ids)
+
+    def pieces(self, ids: list[int]) -> list[str]:
+        return [self.sp.id_to_piece(i) for i in ids]
+
+
+def train_or_load(
+    texts: list[str], vocab_size: int, model_type: str, cache_root: Path
+) -> tuple[Tokenizer, bool]:
+    """The tokenizer for these training texts and settings, trained on a cache miss.
+    Returns (tokenizer, whether it came from the cache). The cache key hashes the settings and
+    the text itself, so any change in data or cleaning makes a new model."""
+    h = hashlib.sha256(json.dumps([vocab_size, model_type, spm.__version__]).encode())
+    for line in texts:
+        h.update(line.encode())
+        h.update(b"\n")
+    path = Path(cache_root) / "tokenizers" / f"spm-{model_type}-{vocab_size}-{h.hexdigest()[:16]}.model"
+    if path.is_file():
+        return Tokenizer(path), True
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".tmp", delete=False) as out:
+        try:
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=iter(texts),
+                model_writer=out,
+                vocab_size=vocab_size,
+                model_type=model_type,
+                character_coverage=1.0,
+                pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS,
+                input_sentence_size=2_000_000,
+                shuffle_input_sentence=True,
+                num_threads=os.cpu_count() or 1,
+                minloglevel=2,
+            )
+        except RuntimeError as err:
+            os.unlink(out.name)
+            limit = re.search(r"value <= (\d+)", str(err))
+            if limit:
+                raise ConfigError(
+                    f"data.vocab_size={vocab_size} is too large for this training text: "
+                    f"SentencePiece allows at most {limit.group(1)}; set data.vocab_size lower"
+                ) from None
+            raise
+    os.replace(out.name, path)  # atomic: concurrent sweep jobs never read a half-written model
+    return Tokenizer(path), False

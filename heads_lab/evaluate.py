@@ -1,0 +1,68 @@
+"""Evaluation: perplexity from teacher-forced NLL, and BLEU / chrF of decoded text by
+sacrebleu (the only BLEU here), each score kept with sacrebleu's signature."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from sacrebleu.metrics import BLEU, CHRF
+
+from heads_lab.config import EvalConfig
+from heads_lab.data import Split, Tokenizer, bucket, collate
+from heads_lab.decode import decode_batch
+from heads_lab.model import Transformer
+
+
+@torch.no_grad()
+def perplexity(model: Transformer, split: Split, max_tokens: int, device) -> dict[str, float]:
+    """Mean NLL per target token (subwords + EOS, natural log) and its exponential, the PPL."""
+    was_training = model.training
+    model.eval()
+    nll, tokens = 0.0, 0
+    for ids in bucket(split.src_lens, split.tgt_lens, max_tokens):
+        batch = collate(split, ids).to(device)
+        keep = batch.tgt_out != model.pad_id
+        hidden = model.decode(batch.tgt_in, model.encode(batch.src))[keep]
+        nll += F.cross_entropy(model.logits(hidden).float(), batch.tgt_out[keep], reduction="sum").item()
+        tokens += int(keep.sum())
+    model.train(was_training)
+    loss = nll / max(tokens, 1)
+    return {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "tokens": tokens}
+
+
+@torch.no_grad()
+def translate(model: Transformer, split: Split, tokenizer: Tokenizer, cfg: EvalConfig,
+              device) -> list[str]:
+    """Detokenized translations of every source sentence of `split`, in the split's order.
+    Sentences are decoded in batches of similar length (at most cfg.max_sentences each)."""
+    was_training = model.training
+    model.eval()
+    hyps: list[list[int]] = [[] for _ in range(len(split))]
+    lens = split.src_lens
+    for ids in bucket(lens, lens, max_tokens=cfg.max_sentences * int(lens.max()),
+                      max_sentences=cfg.max_sentences):
+        src = collate(split, ids).src.to(device)
+        for i, out in zip(ids, decode_batch(model, src, cfg.beam, cfg.lenpen, cfg.max_len_a,
+                                            cfg.max_len_b)):
+            hyps[int(i)] = out
+    model.train(was_training)
+    return tokenizer.decode(hyps)
+
+
+def score(hyps: list[str], refs: list[str], tokenize: str | None = None) -> dict[str, object]:
+    """Corpus BLEU and chrF of detokenized hypotheses against one reference each."""
+    bleu = BLEU(tokenize=tokenize) if tokenize else BLEU()
+    chrf = CHRF()
+    b = bleu.corpus_score(hyps, [refs])
+    c = chrf.corpus_score(hyps, [refs])
+    return {
+        "bleu": b.score,
+        "chrf": c.score,
+        "bleu_signature": str(bleu.get_signature()),
+        "chrf_signature": str(chrf.get_signature()),
+        "bleu_detail": str(b),
+        "hyp_len_ratio": b.sys_len / max(b.ref_len, 1),
+    }
+

@@ -1,0 +1,18 @@
+"""The Transformer translator and its attention."""
+
+from heads_lab.model.attention import MultiHeadAttention, reorder_cache
+from heads_lab.model.transformer import (
+    Encoded,
+    Transformer,
+    count_parameters,
+    label_smoothed_loss,
+)
+
+__all__ = [
+    "Encoded",
+    "MultiHeadAttention",
+    "Transformer",
+    "count_parameters",
+    "label_smoothed_loss",
+    "reorder_cache",
+]

@@ -1,0 +1,188 @@
+"""Encoder-decoder Transformer (Vaswani et al. 2017): sinusoidal positions, one shared
+source/target vocabulary whose embedding is also the output projection, pre- or post-norm."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from heads_lab.config import ModelConfig, Norm
+from heads_lab.model.attention import KVCache, MultiHeadAttention
+
+
+def sinusoids(length: int, dim: int) -> Tensor:
+    """Positional encodings [length, dim]: sin on even, cos on odd channels (Vaswani §3.5)."""
+    pos = torch.arange(length, dtype=torch.float32)[:, None]
+    freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
+    table = torch.zeros(length, dim)
+    table[:, 0::2] = torch.sin(pos * freq)
+    table[:, 1::2] = torch.cos(pos * freq[: dim // 2])
+    return table
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff)
+        self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model)
+        self.act = F.relu if cfg.activation.value == "relu" else F.gelu
+        self.dropout = cfg.dropout
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(F.dropout(self.act(self.fc1(x)), self.dropout, self.training))
+
+
+class Residual(nn.Module):
+    """x + dropout(f(x)) with LayerNorm before f (pre) or after the sum (post)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.norm = nn.LayerNorm(cfg.d_model)
+        self.pre = cfg.norm == Norm.pre
+        self.dropout = cfg.dropout
+
+    def forward(self, x: Tensor, f) -> Tensor:
+        if self.pre:
+            return x + F.dropout(f(self.norm(x)), self.dropout, self.training)
+        return self.norm(x + F.dropout(f(x), self.dropout, self.training))
+
+
+def _attention(cfg: ModelConfig) -> MultiHeadAttention:
+    return MultiHeadAttention(cfg.d_model, cfg.heads, cfg.d_head, cfg.attention_dropout)
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attn, self.ffn = _attention(cfg), FeedForward(cfg)
+        self.res_self, self.res_ffn = Residual(cfg), Residual(cfg)
+        self.weights: Tensor | None = None  # set when the model records attention
+
+    def forward(self, x: Tensor, mask: Tensor, need_weights: bool = False) -> Tensor:
+        def attn(h):
+            y, self.weights = self.self_attn(h, mask=mask, need_weights=need_weights)
+            return y
+
+        return self.res_ffn(self.res_self(x, attn), self.ffn)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attn, self.cross_attn, self.ffn = _attention(cfg), _attention(cfg), FeedForward(cfg)
+        self.res_self, self.res_cross, self.res_ffn = Residual(cfg), Residual(cfg), Residual(cfg)
+        self.self_weights: Tensor | None = None
+        self.cross_weights: Tensor | None = None
+
+    def forward(self, y, memory, memory_mask, need_weights=False, cache: dict | None = None):
+        def self_attn(h):
+            out, self.self_weights = self.self_attn(
+                h, causal=True, need_weights=need_weights, cache=cache and cache["self"]
+            )
+            return out
+
+        def cross_attn(h):
+            out, self.cross_weights = self.cross_attn(
+                h, memory, memory_mask, need_weights=need_weights, cache=cache and cache["cross"]
+            )
+            return out
+
+        return self.res_ffn(self.res_cross(self.res_self(y, self_attn), cross_attn), self.ffn)
+
+
+@dataclass
+class Encoded:
+    """The encoder's output: memory [batch, src, d_model] and its key mask [batch, 1, 1, src]."""
+
+    memory: Tensor
+    mask: Tensor
+
+    def repeat(self, k: int) -> Encoded:
+        """Each sentence k times in a row (for beam search)."""
+        return Encoded(self.memory.repeat_interleave(k, 0), self.mask.repeat_interleave(k, 0))
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig, vocab_size: int, pad_id: int = 0):
+        super().__init__()
+        self.cfg, self.vocab_size, self.pad_id = cfg, vocab_size, pad_id
+        self.embed = nn.Embedding(vocab_size, cfg.d_model, padding_idx=pad_id)
+        self.register_buffer("positions", sinusoids(cfg.max_positions, cfg.d_model), persistent=False)
+        self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        pre = cfg.norm == Norm.pre  # pre-norm needs a final LayerNorm on each stack
+        self.encoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # Xavier for projections (Vaswani / fairseq); N(0, d^-1/2) embeddings, scaled by √d on input
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                nn.init.zeros_(module.bias)
+        nn.init.normal_(self.embed.weight, std=self.cfg.d_model**-0.5)
+        with torch.no_grad():
+            self.embed.weight[self.pad_id].zero_()
+
+    def embed_tokens(self, tokens: Tensor, offset: int = 0) -> Tensor:
+        # tokens [batch, len] → [batch, len, d_model]
+        x = self.embed(tokens) * math.sqrt(self.cfg.d_model)
+        x = x + self.positions[offset : offset + tokens.shape[1]]
+        return F.dropout(x, self.cfg.dropout, self.training)
+
+    def encode(self, src: Tensor, need_weights: bool = False) -> Encoded:
+        mask = (src != self.pad_id)[:, None, None, :]  # [batch, 1, 1, src], built once per batch
+        x = self.embed_tokens(src)
+        for layer in self.encoder:
+            x = layer(x, mask, need_weights)
+        return Encoded(self.encoder_norm(x), mask)
+
+    def decode(self, tgt_in: Tensor, enc: Encoded, need_weights=False, caches=None, offset=0):
+        """tgt_in [batch, tgt] (BOS-shifted) → hidden states [batch, tgt, d_model]. With caches
+        (one per layer, see `new_caches`), tgt_in holds only the new positions from `offset`."""
+        y = self.embed_tokens(tgt_in, offset)
+        for i, layer in enumerate(self.decoder):
+            y = layer(y, enc.memory, enc.mask, need_weights, caches[i] if caches else None)
+        return self.decoder_norm(y)
+
+    def new_caches(self) -> list[dict[str, KVCache]]:
+        return [{"self": {}, "cross": {}} for _ in self.decoder]
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        return F.linear(hidden, self.embed.weight)  # tied output projection: [..., vocab]
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        return self.logits(self.decode(tgt_in, self.encode(src)))
+
+    def attention_weights(self) -> dict[str, list[Tensor | None]]:
+        """Per-head weights of the last forward run with need_weights=True, per attention type."""
+        return {
+            "enc-self": [layer.weights for layer in self.encoder],
+            "dec-self": [layer.self_weights for layer in self.decoder],
+            "dec-enc": [layer.cross_weights for layer in self.decoder],
+        }
+
+
+def label_smoothed_loss(logits: Tensor, target: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """Summed label-smoothed cross entropy and summed NLL over the rows of logits [tokens, vocab]
+    (padding already removed), from one log-softmax; equals F.cross_entropy(label_smoothing=eps)."""
+    lprobs = logits.to(torch.promote_types(logits.dtype, torch.float32)).log_softmax(dim=-1)
+    nll = -lprobs.gather(-1, target[:, None]).squeeze(-1)
+    smooth = -lprobs.mean(dim=-1)
+    return ((1.0 - eps) * nll + eps * smooth).sum(), nll.sum()
+
+
+def count_parameters(model: Transformer) -> dict[str, int]:
+    """Parameters by part: total, embeddings (shared with the output layer), attention, ffn, norm."""
+    parts = {"embeddings": nn.Embedding, "attention": MultiHeadAttention, "ffn": FeedForward,
+             "norm": nn.LayerNorm}
+    counts = {"total": sum(p.numel() for p in model.parameters())}
+    for part, kind in parts.items():
+        counts[part] = sum(p.numel() for m in model.modules() if isinstance(m, kind)
+                           for p in m.parameters())
+    return counts

@@ -1,0 +1,152 @@
+"""One training run end to end, given a validated config and a run dir: the stages in order,
+with every artefact written into the run dir. Kept apart from cli.py so it runs without Hydra
+(tests and scripts call it directly)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import resource
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from heads_lab.config import RunConfig, cache_dir
+from heads_lab.data import prepare
+from heads_lab.errors import finished_run
+from heads_lab.evaluate import perplexity, score, translate
+from heads_lab.model import Transformer, count_parameters
+from heads_lab.tracking import Tracker, console, environment, summary_table, write_json
+from heads_lab.train import resolve_device, seed_everything, train
+
+log = logging.getLogger(__name__)
+
+
+def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
+                 overrides: list[str]) -> dict[str, Any]:
+    """Train and evaluate one config; returns the dict written to run_dir/results.json."""
+    started = time.perf_counter()
+    if (run_dir / "results.json").is_file():
+        raise finished_run(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if run.trainer.threads:
+        torch.set_num_threads(run.trainer.threads)
+    seed_everything(run.seed)
+    device = resolve_device(run.trainer.device)
+    run_name = ",".join(overrides) or "defaults"
+
+    corpus = prepare(run.data, cache_dir(run.paths))
+    shutil.copyfile(corpus.tokenizer.path, run_dir / "tokenizer.model")
+    data_s = time.perf_counter() - started
+    train_split = corpus.splits["train"]
+    log.info("data %s: %s; vocabulary %d", run.data.name, ", ".join(
+        f"{k} {v['kept']:,} pairs" + (f" ({v['dropped_too_long']} too long dropped)"
+                                      if v["dropped_too_long"] else "")
+        for k, v in corpus.stats.items() if isinstance(v, dict)), len(corpus.tokenizer))
+
+    model = Transformer(run.model, len(corpus.tokenizer), corpus.tokenizer.pad).to(device)
+    params = count_parameters(model)
+    log.info("model: %s parameters (%d heads × d_k %d)", f"{params['total']:,}", run.model.heads,
+             run.model.d_head)
+
+    tracker = Tracker(run.logger, run_dir, run_name, config, group=run.name)
+    try:
+        tracker.start(run.trainer.max_steps)
+        result = train(model, train_split, corpus.splits["valid"], run.trainer, run.seed, device,
+                       tracker.log)
+        tracker.stop_progress()
+        if run.trainer.save_checkpoint:
+            save_checkpoint(run_dir / "checkpoint.pt", model, config, result.steps)
+
+        eval_started = time.perf_counter()
+        split_name = run.eval.split
+        split = corpus.splits[split_name]
+        ppl = perplexity(model, split, run.trainer.max_tokens, device)
+        hyps = translate(model, split, corpus.tokenizer, run.eval, device)
+        _write_lines(run_dir / f"hyps.{split_name}.txt", hyps)
+        _write_lines(run_dir / f"refs.{split_name}.txt", split.tgt_text)
+        _write_lines(run_dir / f"src.{split_name}.txt", split.src_text)
+        scores = score(hyps, split.tgt_text, run.eval.bleu_tokenize)
+        eval_s = time.perf_counter() - eval_started
+
+        metrics = {
+            "train/loss": result.train_loss,
+            "train/tokens_per_s": result.tokens_per_s,
+            "valid/loss": result.valid["loss"],
+            "valid/ppl": result.valid["ppl"],
+            f"{split_name}/loss": ppl["loss"],
+            f"{split_name}/ppl": ppl["ppl"],
+            f"{split_name}/bleu": scores["bleu"],
+            f"{split_name}/chrf": scores["chrf"],
+            "cost/params": params["total"],
+            "cost/peak_mem_mb": peak_memory_mb(device),
+        }
+        results = {
+            "status": "complete",
+            "name": run_name,
+            "overrides": overrides,
+            "run_dir": str(run_dir),
+            "metrics": metrics,
+            "params": params,
+            "sacrebleu": {k: scores[k] for k in ("bleu_signature", "chrf_signature", "bleu_detail",
+                                                 "hyp_len_ratio")},
+            "decoding": {"split": split_name, "beam": run.eval.beam, "lenpen": run.eval.lenpen,
+                         "sentences": len(split)},
+            "train": {"steps": result.steps, "epochs": result.epochs, "tokens": result.tokens,
+                      "seconds": result.train_seconds, "valid_history": result.history},
+            "timings": {"data_s": data_s, "train_s": result.train_seconds, "eval_s": eval_s,
+                        "total_s": time.perf_counter() - started},
+            "data": corpus.stats,
+            "device": str(device),
+            "threads": torch.get_num_threads(),
+            "config": config,
+            "env": environment(),
+        }
+        write_json(run_dir / "results.json", results)
+        tracker.finish(summary=metrics)
+    except BaseException:
+        tracker.finish(failed=True)
+        raise
+    console.print(summary_table(f"heads-lab train · {run_name}", _summary_rows(results)))
+    console.print(f"BLEU signature: {scores['bleu_signature']}")
+    console.print(f"results: {run_dir / 'results.json'}")
+    return results
+
+
+def save_checkpoint(path: Path, model: Transformer, config: dict[str, Any], step: int) -> None:
+    """Model weights and the config that built them, written atomically."""
+    tmp = path.with_suffix(".tmp")
+    torch.save({"model": model.state_dict(), "vocab_size": model.vocab_size, "step": step,
+                "config": config}, tmp)
+    os.replace(tmp, path)
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak memory of this process: CUDA allocations on a GPU, else the peak resident set."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def _write_lines(path: Path, lines: list[str]) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _summary_rows(results: dict[str, Any]) -> list[tuple[str, str]]:
+    m, split = results["metrics"], results["decoding"]["split"]
+    t = results["timings"]
+    return [
+        ("parameters", f"{results['params']['total']:,}"),
+        ("steps (epochs)", f"{results['train']['steps']} ({results['train']['epochs']:.1f})"),
+        ("train tokens/s", f"{m['train/tokens_per_s']:,.0f}"),
+        ("valid PPL", f"{m['valid/ppl']:.2f}"),
+        (f"{split} PPL", f"{m[f'{split}/ppl']:.2f}"),
+        (f"{split} BLEU (beam {results['decoding']['beam']})", f"{m[f'{split}/bleu']:.2f}"),
+        (f"{split} chrF", f"{m[f'{split}/chrf']:.2f}"),
+        ("time train / eval / total", f"{t['train_s']:.0f}s / {t['eval_s']:.0f}s / {t['total_s']:.0f}s"),
+    ]

@@ -1,0 +1,161 @@
+"""Where results go: a rich progress bar and summary table, wandb (offline unless asked, never
+blocking a run), and one results.json per run dir, written atomically."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import socket
+import subprocess
+import tempfile
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from heads_lab.config import LoggerConfig, WandbConfig
+
+log = logging.getLogger(__name__)
+console = Console()
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Write JSON atomically: a temp file in the same dir, then rename over the target."""
+    path = Path(path)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as f:
+        json.dump(obj, f, indent=2, sort_keys=False, default=str)
+        f.write("\n")
+    os.replace(f.name, path)
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'model': {'heads': 8}} → {'model.heads': 8}, so dashboards can group and filter by key."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def environment() -> dict[str, Any]:
+    """Library versions, host and the git commit of the heads-lab source, for results.json."""
+    versions = {}
+    for pkg in ("heads-lab", "torch", "hydra-core", "omegaconf", "sacrebleu", "sentencepiece",
+                "wandb", "rich", "datasets", "numpy"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = None
+    versions["python"] = platform.python_version()
+    return {"versions": versions, "git": _git_commit(), "host": platform.node(),
+            "platform": platform.platform(), "cpu_count": os.cpu_count()}
+
+
+def _git_commit() -> dict[str, Any] | None:
+    src = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True,
+                                text=True, timeout=5, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(src), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None  # installed from a wheel, or no git
+    return {"commit": commit, "dirty": bool(dirty)}
+
+
+def _reachable(url: str, timeout: float = 3.0) -> bool:
+    parsed = urlparse(url)
+    try:
+        with socket.create_connection((parsed.hostname, parsed.port or 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+class Tracker:
+    """Console progress + optional wandb. `log` takes metrics keyed like 'valid/ppl'."""
+
+    def __init__(self, logger_cfg: LoggerConfig, run_dir: Path, run_name: str, config: dict,
+                 group: str | None = None):
+        self.wandb = None
+        self.progress: Progress | None = None
+        self.task = None
+        if isinstance(logger_cfg, WandbConfig) and logger_cfg.mode.value != "disabled":
+            self.wandb = _start_wandb(logger_cfg, run_dir, run_name, config, group)
+
+    def start(self, total_steps: int | None) -> None:
+        self.progress = Progress(
+            TextColumn("[bold]train"), BarColumn(), TextColumn("step {task.completed}/{task.total}"),
+            TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
+            TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+            console=console, transient=False,
+        )
+        self.progress.start()
+        self.task = self.progress.add_task("train", total=total_steps, loss="-", tps="-")
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        if self.progress is not None and self.task is not None:
+            fields = {}
+            if "train/loss" in metrics:
+                fields = {"loss": f"{metrics['train/loss']:.3f}",
+                          "tps": f"{metrics['train/tokens_per_s']:,.0f}"}
+            self.progress.update(self.task, completed=step, **fields)
+        if "valid/ppl" in metrics:
+            log.info("step %d  valid loss %.4f  ppl %.2f", step, metrics["valid/loss"],
+                     metrics["valid/ppl"])
+        if self.wandb is not None:
+            self.wandb.log(metrics, step=step)
+
+    def stop_progress(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+    def finish(self, summary: dict[str, Any] | None = None, failed: bool = False) -> None:
+        self.stop_progress()
+        if self.wandb is not None:
+            try:
+                if summary:
+                    self.wandb.summary.update(summary)
+                self.wandb.finish(exit_code=1 if failed else 0)
+            except Exception as err:  # a tracker must never fail a finished run
+                log.warning("wandb finish failed: %s", err)
+            self.wandb = None
+
+
+def _start_wandb(cfg: WandbConfig, run_dir: Path, name: str, config: dict, group: str | None):
+    import wandb
+
+    mode = cfg.mode.value
+    base_url = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
+    if mode == "online" and not _reachable(base_url):
+        log.warning("wandb: %s is unreachable; logging offline instead (sync later with "
+                    "`wandb sync %s/wandb`)", base_url, run_dir)
+        mode = "offline"
+    try:
+        return wandb.init(
+            project=cfg.project, entity=cfg.entity, mode=mode, dir=str(run_dir), name=name,
+            group=cfg.group or group, job_type=cfg.job_type, tags=list(cfg.tags) or None,
+            notes=cfg.notes, config=flatten(config), reinit="create_new",
+            settings=wandb.Settings(console="off", silent=True, init_timeout=60),
+        )
+    except Exception as err:  # never fail or hang a run for the tracker's sake
+        log.warning("wandb could not start (%s); continuing without it", str(err).splitlines()[0])
+        return None
+
+
+def summary_table(title: str, rows: list[tuple[str, str]]) -> Table:
+    table = Table(title=title, show_header=True, header_style="bold", title_justify="left")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in rows:
+        table.add_row(key, value)
+    return table

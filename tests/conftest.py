@@ -1,0 +1,62 @@
+"""Shared fixtures: a private tokenizer cache, and the real config tree composed and shrunk."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Tests never touch the user's cache or a wandb server.
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+
+# A tiny run: small model and corpus, a few steps, no tracker; used by unit and CLI tests.
+TINY = [
+    "model=tiny",
+    "data.train_size=600",
+    "data.valid_size=40",
+    "data.test_size=40",
+    "data.vocab_size=300",
+    "data.nouns=60",
+    "data.verbs=20",
+    "data.adjectives=20",
+    "data.adverbs=10",
+    "trainer.max_steps=6",
+    "trainer.max_tokens=1024",
+    "trainer.valid_every=3",
+    "trainer.log_every=2",
+    "trainer.warmup_steps=2",
+    "eval.beam=2",
+    "logger=none",
+]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cache_dir(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("heads-lab-cache")
+    os.environ["HEADS_LAB_CACHE"] = str(path)
+    return path
+
+
+def compose(overrides: list[str] | None = None):
+    """The real conf/train.yaml composed with overrides, as Hydra's CLI would (no run dir)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from heads_lab.cli import _dir_suffix
+    from heads_lab.config import config_dir, register_configs
+
+    register_configs()
+    OmegaConf.register_new_resolver("hl_suffix", _dir_suffix, replace=True)
+    with initialize_config_dir(str(config_dir()), version_base="1.3"):
+        return hydra_compose("train", overrides=overrides or [])
+
+
+@pytest.fixture
+def tiny_run():
+    """The typed RunConfig of the TINY overrides."""
+    from heads_lab.config import to_object
+
+    return to_object(compose(TINY))

@@ -1,0 +1,153 @@
+"""`heads-lab` end to end, as a user runs it: a subprocess in a scratch working dir."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sacrebleu
+
+from tests.conftest import TINY
+
+EXE = shutil.which("heads-lab", path=str(Path(sys.executable).parent)) or "heads-lab"
+
+
+def heads_lab(*args: str, cwd: Path, env: dict | None = None, unset: tuple = (), timeout: int = 300):
+    environ = {k: v for k, v in {**os.environ, **(env or {})}.items() if k not in unset}
+    return subprocess.run([EXE, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env=environ)
+
+
+def _results(root: Path) -> list[Path]:
+    return sorted(root.rglob("results.json"))
+
+
+def _assert_one_line_error(proc, *fragments: str) -> None:
+    assert proc.returncode == 2, proc.stderr + proc.stdout
+    assert "Traceback" not in proc.stderr + proc.stdout
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: ")
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def tiny_run_dir(tmp_path_factory) -> Path:
+    cwd = tmp_path_factory.mktemp("single")
+    proc = heads_lab("train", *TINY, cwd=cwd)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    (results,) = _results(cwd / "outputs")
+    return results.parent
+
+
+def test_help_lists_commands(tmp_path):
+    proc = heads_lab("--help", cwd=tmp_path)
+    assert proc.returncode == 0 and "train" in proc.stdout
+
+
+def test_train_help_shows_hydra_config_groups(tmp_path):
+    proc = heads_lab("train", "--help", cwd=tmp_path)
+    assert proc.returncode == 0
+    for text in ("heads-lab train", "model: base, small, tiny, transformer_base", "logger: none, wandb",
+                 "heads: 4"):
+        assert text in proc.stdout, text
+
+
+def test_train_writes_results_with_finite_ppl_and_bleu(tiny_run_dir):
+    assert tiny_run_dir.parent.parent.name == "runs"  # outputs/runs/<date>/<time>_<overrides>
+    assert tiny_run_dir.name.split("_", 1)[1].startswith("data.adjectives=20,data.adverbs=10")
+    assert len(tiny_run_dir.name) < 170  # long override lists are cut, with a hash
+    results = json.loads((tiny_run_dir / "results.json").read_text())
+    m = results["metrics"]
+    for key in ("valid/ppl", "test/ppl", "test/bleu", "test/chrf", "train/loss",
+                "train/tokens_per_s", "cost/params"):
+        assert math.isfinite(m[key]), key
+    assert m["test/ppl"] > 1 and 0 <= m["test/bleu"] <= 100
+    assert results["status"] == "complete" and results["train"]["steps"] == 6
+    assert results["config"]["model"]["heads"] == 4 and results["config"]["seed"] == 1
+    assert results["sacrebleu"]["bleu_signature"].startswith("nrefs:1|case:mixed")
+    assert results["env"]["versions"]["torch"] and results["env"]["versions"]["sacrebleu"]
+    assert results["data"]["train"]["kept"] == 600
+    for name in ("checkpoint.pt", "tokenizer.model", "train.log", ".hydra/config.yaml"):
+        assert (tiny_run_dir / name).exists(), name
+
+
+def test_bleu_equals_sacrebleu_on_the_written_files(tiny_run_dir):
+    results = json.loads((tiny_run_dir / "results.json").read_text())
+    hyps = (tiny_run_dir / "hyps.test.txt").read_text(encoding="utf-8").splitlines()
+    refs = (tiny_run_dir / "refs.test.txt").read_text(encoding="utf-8").splitlines()
+    assert len(hyps) == len(refs) == 40
+    assert results["metrics"]["test/bleu"] == sacrebleu.corpus_bleu(hyps, [refs]).score
+    assert results["metrics"]["test/chrf"] == sacrebleu.corpus_chrf(hyps, [refs]).score
+
+
+def test_multirun_gives_one_run_dir_and_result_per_job(tmp_path):
+    proc = heads_lab("train", "-m", *TINY, "model.heads=1,4", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    found = _results(tmp_path / "outputs" / "multiruns")
+    assert len(found) == 2
+    heads = sorted(json.loads(p.read_text())["config"]["model"]["heads"] for p in found)
+    assert heads == [1, 4]
+    assert sorted(p.parent.name.split("_")[0] for p in found) == ["0", "1"]
+    assert len({p.parent.parent for p in found}) == 1  # one multirun dir holds both jobs
+
+
+def test_same_config_and_seed_give_the_same_numbers(tiny_run_dir, tmp_path):
+    proc = heads_lab("train", *TINY, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    (again,) = _results(tmp_path / "outputs")
+    first = json.loads((tiny_run_dir / "results.json").read_text())["metrics"]
+    second = json.loads(again.read_text())["metrics"]
+    for key in ("train/loss", "valid/loss", "test/loss", "test/bleu", "test/chrf"):
+        assert first[key] == second[key], key
+
+
+@pytest.mark.parametrize("args,fragments", [
+    (["model.heads=3"], ["model.heads=3 does not divide model.d_model=128", "model.head_dim"]),
+    (["model.foo=1"], ["unknown config key 'model.foo'"]),
+    (["model.heads=abc"], ["model.heads=abc", "could not be converted to Integer"]),
+    (["model=huge"], ["model/huge", "base, small, tiny, transformer_base"]),
+    (["eval.beam=0"], ["eval.beam=0"]),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, fragments):
+    proc = heads_lab("train", *args, "logger=none", cwd=tmp_path)
+    _assert_one_line_error(proc, *fragments)
+
+
+def test_unknown_command(tmp_path):
+    _assert_one_line_error(heads_lab("trian", cwd=tmp_path), "unknown command 'trian'")
+
+
+def test_a_finished_run_is_never_overwritten(tiny_run_dir, tmp_path):
+    before = (tiny_run_dir / "results.json").read_bytes()
+    proc = heads_lab("train", *TINY, f"hydra.run.dir={tiny_run_dir}", cwd=tmp_path)
+    _assert_one_line_error(proc, "already holds a finished run")
+    assert (tiny_run_dir / "results.json").read_bytes() == before
+
+
+def test_a_failing_sweep_job_does_not_stop_the_others(tmp_path):
+    proc = heads_lab("train", "-m", *TINY, "model.heads=3,4", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "model.heads=3 does not divide model.d_model=64" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    found = _results(tmp_path / "outputs")
+    assert [json.loads(p.read_text())["config"]["model"]["heads"] for p in found] == [4]
+
+
+def test_wandb_offline_run_and_unreachable_online_server(tmp_path):
+    """wandb logs offline by default; 'online' without a network falls back to offline."""
+    args = [a for a in TINY if a != "logger=none"]
+    proc = heads_lab("train", *args, "logger=wandb", "logger.mode=online", cwd=tmp_path,
+                     env={"WANDB_BASE_URL": "http://127.0.0.1:9", "WANDB_API_KEY": "x" * 40},
+                     unset=("WANDB_MODE",), timeout=240)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert "unreachable" in proc.stdout + proc.stderr
+    (results,) = _results(tmp_path / "outputs")
+    assert list((results.parent / "wandb").glob("offline-run-*"))

@@ -1,0 +1,84 @@
+"""The real config tree composes, types are enforced when composing, relations by validate()."""
+
+from __future__ import annotations
+
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ConfigAttributeError, ValidationError
+
+from heads_lab.config import (
+    AttentionKind,
+    ModelConfig,
+    Norm,
+    SyntheticDataConfig,
+    WandbConfig,
+    to_object,
+    validate,
+)
+from heads_lab.errors import ConfigError
+from tests.conftest import compose
+
+
+def test_defaults_compose_to_typed_groups():
+    run = to_object(compose())
+    validate(run)
+    assert isinstance(run.model, ModelConfig) and isinstance(run.data, SyntheticDataConfig)
+    assert isinstance(run.logger, WandbConfig) and run.logger.mode.value == "offline"
+    assert run.model.heads == 4 and run.model.d_head == run.model.d_model // 4 == 32
+    assert run.model.norm is Norm.pre and run.model.attention is AttentionKind.mha
+    assert run.eval.beam == 4 and run.eval.lenpen == 0.6
+
+
+@pytest.mark.parametrize("option", ["model=tiny", "model=small", "model=base", "model=transformer_base",
+                                    "logger=none", "logger=wandb"])
+def test_every_group_option_composes_and_validates(option):
+    validate(to_object(compose([option])))
+
+
+def test_overrides_reach_the_typed_config():
+    run = to_object(compose(["model.heads=2", "model.head_dim=48", "model.norm=post", "seed=7",
+                             "trainer.max_tokens=2000", "eval.beam=1"]))
+    assert (run.model.heads, run.model.d_head, run.model.norm) == (2, 48, Norm.post)
+    assert (run.seed, run.trainer.max_tokens, run.eval.beam) == (7, 2000, 1)
+
+
+def test_wrong_type_fails_when_composing():
+    with pytest.raises(ConfigCompositionException) as err:
+        compose(["model.heads=abc"])
+    assert isinstance(err.value.__cause__, ValidationError)
+
+
+@pytest.mark.parametrize("override", ["model.foo=1", "trainer.max_step=5", "bogus=1"])
+def test_unknown_key_fails_when_composing(override):
+    with pytest.raises(ConfigCompositionException) as err:
+        compose([override])
+    assert isinstance(err.value.__cause__, ConfigAttributeError)
+    assert override.split("=")[0] in str(err.value)
+
+
+def test_enum_values_are_checked_when_composing():
+    with pytest.raises(ConfigCompositionException):
+        compose(["model.norm=middle"])
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["model.heads=3"], "model.heads=3 does not divide model.d_model=128"),
+    (["model.heads=0"], "model.heads=0 must be a positive integer"),
+    (["model.heads=-2"], "model.heads=-2 must be a positive integer"),
+    (["model.dropout=1.0"], "model.dropout=1.0 must be in [0, 1)"),
+    (["eval.beam=0"], "eval.beam=0 must be >= 1"),
+    (["trainer.max_steps=null"], "trainer.max_steps and trainer.max_epochs are both null"),
+    (["trainer.max_tokens=64"], "trainer.max_tokens=64 is smaller than the longest allowed"),
+    (["data.p_plural=1.5"], "data.p_plural=1.5 must be a probability"),
+    (["trainer.device=tpu"], "trainer.device='tpu' is not a device"),
+])
+def test_validate_names_the_key_and_the_fix(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        validate(to_object(compose(overrides)))
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_head_dim_allows_heads_that_do_not_divide_d_model():
+    run = to_object(compose(["model.heads=3", "model.head_dim=64"]))
+    validate(run)
+    assert run.model.d_head == 64

@@ -1,0 +1,81 @@
+"""Greedy and beam search: cache equals no cache, beam equals exhaustive search when wide."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from heads_lab.config import ModelConfig
+from heads_lab.data.tokenizer import BOS, EOS
+from heads_lab.decode import beam_search, greedy
+from heads_lab.model import Transformer
+
+
+def _model(vocab: int = 30, seed: int = 0) -> Transformer:
+    torch.manual_seed(seed)
+    cfg = ModelConfig(d_model=32, heads=4, d_ff=64, encoder_layers=2, decoder_layers=2, dropout=0.0)
+    model = Transformer(cfg, vocab).eval()
+    with torch.no_grad():  # make EOS neither certain nor impossible
+        model.embed.weight.mul_(3.0)
+    return model
+
+
+def _src(vocab: int = 30) -> torch.Tensor:
+    torch.manual_seed(1)
+    src = torch.randint(4, vocab, (5, 7))
+    src[:, -1] = EOS
+    src[2, 4:] = 0
+    src[2, 3] = EOS
+    return src
+
+
+def test_greedy_cached_equals_uncached():
+    model, src = _model(), _src()
+    assert greedy(model, src, 12, use_cache=True) == greedy(model, src, 12, use_cache=False)
+
+
+@pytest.mark.parametrize("beam,lenpen", [(2, 0.6), (4, 1.0), (5, 0.0)])
+def test_beam_cached_equals_uncached(beam, lenpen):
+    model, src = _model(), _src()
+    assert beam_search(model, src, beam, lenpen, 12, use_cache=True) == \
+        beam_search(model, src, beam, lenpen, 12, use_cache=False)
+
+
+def test_beam_of_one_without_length_penalty_is_greedy():
+    model, src = _model(), _src()
+    assert beam_search(model, src, 1, 0.0, 12) == greedy(model, src, 12)
+
+
+def test_outputs_respect_the_length_limit():
+    model, src = _model(), _src()
+    for out in beam_search(model, src, 3, 0.6, 4) + greedy(model, src, 4):
+        assert len(out) <= 3  # the 4th token is always EOS
+
+
+@torch.no_grad()
+def _sequence_logprob(model, src_row, tokens):
+    tgt_in = torch.tensor([[BOS, *tokens]])
+    lprobs = model(src_row[None], tgt_in).log_softmax(-1)[0]
+    lprobs[:, 0] = lprobs[:, BOS] = float("-inf")  # decoding never emits pad or bos
+    target = [*tokens, EOS]
+    return sum(lprobs[i, t].item() for i, t in enumerate(target))
+
+
+@pytest.mark.parametrize("lenpen", [0.0, 0.6, 2.0])
+def test_wide_beam_finds_the_exhaustive_best(lenpen):
+    """With a beam wider than the whole search space, beam search is exact: it must return the
+    sequence with the best length-normalised score among all sequences up to the limit."""
+    vocab, max_len = 6, 4  # tokens 1 (unk), 4, 5 and EOS
+    model = _model(vocab, seed=3)
+    src = torch.tensor([[4, 5, 4, EOS], [5, 5, 1, EOS]])
+    best = beam_search(model, src, beam=64, lenpen=lenpen, max_len=max_len)
+    for row, found in zip(src, best):
+        scored = []
+        for n in range(max_len):
+            for tokens in itertools.product([1, 4, 5], repeat=n):
+                lp = _sequence_logprob(model, row, list(tokens))
+                scored.append((lp / ((5 + n + 1) / 6) ** lenpen, list(tokens)))
+        top_score, top = max(scored)
+        assert found == top, (found, top, top_score)

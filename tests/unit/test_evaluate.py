@@ -1,0 +1,53 @@
+"""BLEU/chrF are sacrebleu's own; perplexity equals an independent padded computation."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import sacrebleu
+import torch
+import torch.nn.functional as F
+
+from heads_lab.config import ModelConfig
+from heads_lab.data.batching import Split, collate
+from heads_lab.evaluate import perplexity, score
+from heads_lab.model import Transformer
+
+HYPS = ["The cat sat on the mat.", "A dog barked at the moon!", "Nothing here"]
+REFS = ["The cat sat on the mat.", "The dog barked at the moon.", "Something else entirely"]
+
+
+def test_scores_equal_sacrebleu_with_signatures():
+    scores = score(HYPS, REFS)
+    assert scores["bleu"] == sacrebleu.corpus_bleu(HYPS, [REFS]).score
+    assert scores["chrf"] == sacrebleu.corpus_chrf(HYPS, [REFS]).score
+    assert scores["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+    assert "chrF2" in scores["chrf_signature"] or "nc:6" in scores["chrf_signature"]
+    intl = score(HYPS, REFS, tokenize="intl")
+    assert "tok:intl" in intl["bleu_signature"]
+
+
+def test_perfect_hypotheses_score_100():
+    assert score(REFS, REFS)["bleu"] == pytest.approx(100.0)
+
+
+def test_perplexity_equals_padded_cross_entropy():
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(d_model=32, heads=4, d_ff=64, encoder_layers=1,
+                                    decoder_layers=1), 50).eval()
+    rng = np.random.default_rng(0)
+    src = [rng.integers(4, 50, rng.integers(1, 12)).astype(np.int32) for _ in range(37)]
+    tgt = [rng.integers(4, 50, rng.integers(1, 12)).astype(np.int32) for _ in range(37)]
+    split = Split([""] * 37, [""] * 37, src, tgt)
+    result = perplexity(model, split, max_tokens=64, device=torch.device("cpu"))
+    batch = collate(split, np.arange(37))  # one padded batch, the other way round
+    with torch.no_grad():
+        logits = model(batch.src, batch.tgt_in)
+    nll = F.cross_entropy(logits.reshape(-1, 50), batch.tgt_out.reshape(-1), ignore_index=0,
+                          reduction="sum").item()
+    tokens = sum(len(t) + 1 for t in tgt)
+    assert result["tokens"] == tokens
+    assert math.isclose(result["loss"], nll / tokens, rel_tol=1e-5)
+    assert math.isclose(result["ppl"], math.exp(nll / tokens), rel_tol=1e-5)

@@ -1,0 +1,151 @@
+"""The embedded language pair: deterministic, and its alignments and arcs tell the truth."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from heads_lab.config import SyntheticDataConfig
+from heads_lab.data import synthetic as syn
+
+CFG = SyntheticDataConfig(train_size=1500, valid_size=100, test_size=150)
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return syn.generate(CFG)
+
+
+def _all(corpus):
+    return [p for split in corpus.values() for p in split]
+
+
+def test_same_seed_same_corpus_other_seed_other_corpus(corpus):
+    again = syn.generate(CFG)
+    assert [(p.src, p.tgt, p.align, p.heads, p.labels) for p in _all(again)] == \
+           [(p.src, p.tgt, p.align, p.heads, p.labels) for p in _all(corpus)]
+    other = syn.generate(SyntheticDataConfig(train_size=1500, valid_size=100, test_size=150, seed=7))
+    assert [p.src for p in other["test"]] != [p.src for p in corpus["test"]]
+
+
+def test_split_sizes_and_held_out_sentences_not_in_train(corpus):
+    assert [len(corpus[s]) for s in ("train", "valid", "test")] == [1500, 100, 150]
+    held_out = {p.src_text for s in ("valid", "test") for p in corpus[s]}
+    assert not held_out & {p.src_text for p in corpus["train"]}
+
+
+def test_test_set_does_not_depend_on_train_size(corpus):
+    bigger = syn.generate(SyntheticDataConfig(train_size=3000, valid_size=100, test_size=150))
+    assert [p.tgt_text for p in bigger["test"]] == [p.tgt_text for p in corpus["test"]]
+
+
+def test_text_is_the_tokens_detokenized(corpus):
+    for p in corpus["test"]:
+        assert p.src_text.replace(",", " ,").replace(".", " .").lower().split() == \
+               [t.lower() for t in p.src]
+        assert p.tgt_text[0].isupper() and p.tgt_text.endswith(".")
+
+
+def test_dependency_trees_are_trees_with_the_required_relations(corpus):
+    labels = Counter()
+    for p in _all(corpus):
+        assert len(p.heads) == len(p.labels) == len(p.src)
+        assert p.heads.count(-1) == 1 and p.labels[p.heads.index(-1)] == "root"
+        for start in range(len(p.src)):  # every token reaches the root without a cycle
+            node, seen = start, set()
+            while node != -1:
+                assert node not in seen and 0 <= node < len(p.src)
+                seen.add(node)
+                node = p.heads[node]
+        labels.update(p.labels)
+    for rel in ("nsubj", "dobj", "amod", "advmod", "det", "mark", "advcl", "ccomp"):
+        assert labels[rel] > 20, rel
+
+
+def test_arcs_link_the_right_words():
+    lex = syn.Lexicon(CFG)
+    nouns = {l.src for l in lex.classes["noun"]}
+    verbs = {l.src for l in lex.classes["verb"]}
+    adjectives = {l.src for l in lex.classes["adj"]}
+    for p in syn.generate(CFG)["train"][:400]:
+        for head, dep, rel in p.arcs():
+            h, d = p.src[head].lower(), p.src[dep].lower()
+            if rel in ("nsubj", "dobj", "advmod", "mark", "advcl", "ccomp") and d != syn.SRC_VERY:
+                assert h in verbs or h.removesuffix(syn.SRC_PAST) in verbs, (rel, h)
+            if rel == "amod":
+                assert d in adjectives and h.removesuffix("s") in nouns and dep < head
+            if rel == "dobj":
+                assert d.removesuffix("s") in nouns and dep > head
+            if rel == "nsubj":
+                assert dep < head
+
+
+def _translation_table():
+    lex = syn.Lexicon(CFG)
+    return {l.src: l for cls in lex.classes.values() for l in cls}
+
+
+def test_alignment_covers_both_sides_and_links_translations(corpus):
+    table = _translation_table()
+    checked = Counter()
+    for p in _all(corpus):
+        src_seen = {i for i, _ in p.align}
+        tgt_seen = {j for _, j in p.align}
+        assert src_seen == set(range(len(p.src))) and tgt_seen == set(range(len(p.tgt)))
+        for i, j in p.align:
+            s, t = p.src[i].lower(), p.tgt[j].lower()
+            lemma = table.get(s) or table.get(s.removesuffix("s")) or \
+                table.get(s.removesuffix(syn.SRC_PAST))
+            if lemma and p.labels[i] in ("amod", "nsubj", "dobj"):  # content words
+                assert t.startswith(lemma.tgt.lower()), (s, t)
+                checked[p.labels[i]] += 1
+    assert min(checked.values()) > 50
+
+
+def test_target_morphology_agrees(corpus):
+    """Adjectives agree with their noun (gender, number); finite verbs with their subject."""
+    table = _translation_table()
+    agreements = 0
+    for p in corpus["train"]:
+        tgt_of = {}
+        for i, j in p.align:
+            tgt_of.setdefault(i, []).append(j)
+        for head, dep, rel in p.arcs():
+            if rel == "amod":
+                noun_src = p.src[head].lower()
+                plural = noun_src not in table
+                gender = table[noun_src.removesuffix("s") if plural else noun_src].gender
+                adj = p.tgt[tgt_of[dep][0]]
+                assert adj.endswith(syn.TGT_ADJ_AGREE[3 if plural else gender])
+                assert tgt_of[dep][0] > tgt_of[head][0]  # adjective after the noun
+                agreements += 1
+            if rel == "nsubj" and p.src[dep].lower() in syn.SRC_PRONOUNS:
+                person = syn.PRONOUN_PERSON[syn.SRC_PRONOUNS.index(p.src[dep].lower())]
+                finite = p.tgt[min(tgt_of[head])] if p.labels[head] == "root" else \
+                    p.tgt[max(tgt_of[head])]
+                assert finite.endswith(syn.TGT_VERB_AGREE[person]), (p.src_text, p.tgt_text)
+                agreements += 1
+    assert agreements > 500
+
+
+def test_many_to_one_mappings_exist(corpus):
+    many = [j for p in _all(corpus) for j, n in Counter(j for _, j in p.align).items() if n > 1]
+    assert len(many) > 20  # 'very' + adjective → one intensified adjective
+    table = _translation_table()
+    targets = Counter(l.tgt for l in table.values())
+    assert any(n > 1 for n in targets.values())  # synonyms sharing a translation
+    he = syn.TGT_PRONOUNS[syn.PRONOUN_PERSON[syn.SRC_PRONOUNS.index("lo")]]
+    she = syn.TGT_PRONOUNS[syn.PRONOUN_PERSON[syn.SRC_PRONOUNS.index("la")]]
+    assert he == she
+
+
+def test_word_frequencies_are_zipfian_with_rare_words(corpus):
+    table = _translation_table()
+    nouns = {l.src for l in syn.Lexicon(CFG).classes["noun"]}
+    counts = Counter(w.lower().removesuffix("s") for p in corpus["train"] for w in p.src
+                     if w.lower().removesuffix("s") in nouns)
+    ranked = [n for _, n in counts.most_common()]
+    assert ranked[0] > 20 * ranked[len(ranked) // 2]
+    assert sum(1 for n in ranked if n <= 2) > 50  # rare words exist
+    assert len(table) > 600
