@@ -70,6 +70,9 @@ def _run_hydra(task: Callable, command: str, overrides: list[str]) -> int:
             raise
         print(f"error: {_one_line(err)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
     if _FAILED_JOBS:
         print(f"error: {len(_FAILED_JOBS)} job(s) of the sweep failed: {'; '.join(_FAILED_JOBS)}",
               file=sys.stderr)

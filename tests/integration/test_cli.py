@@ -141,13 +141,18 @@ def test_a_failing_sweep_job_does_not_stop_the_others(tmp_path):
     assert [json.loads(p.read_text())["config"]["model"]["heads"] for p in found] == [4]
 
 
-def test_wandb_offline_run_and_unreachable_online_server(tmp_path):
-    """wandb logs offline by default; 'online' without a network falls back to offline."""
+def test_wandb_one_offline_run_per_job_when_the_server_is_unreachable(tmp_path):
+    """logger.mode=online without a network: a warning, then offline logging; one wandb run
+    per sweep job, each finished."""
     args = [a for a in TINY if a != "logger=none"]
-    proc = heads_lab("train", *args, "logger=wandb", "logger.mode=online", cwd=tmp_path,
-                     env={"WANDB_BASE_URL": "http://127.0.0.1:9", "WANDB_API_KEY": "x" * 40},
+    proc = heads_lab("train", "-m", *args, "logger=wandb", "logger.mode=online", "seed=1,2",
+                     cwd=tmp_path, env={"WANDB_BASE_URL": "http://127.0.0.1:9",
+                                        "WANDB_API_KEY": "x" * 40},
                      unset=("WANDB_MODE",), timeout=240)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     assert "unreachable" in proc.stdout + proc.stderr
-    (results,) = _results(tmp_path / "outputs")
-    assert list((results.parent / "wandb").glob("offline-run-*"))
+    found = _results(tmp_path / "outputs")
+    assert len(found) == 2
+    for results in found:
+        (run,) = (results.parent / "wandb").glob("offline-run-*")
+        assert list(run.glob("*.wandb"))
