@@ -4,8 +4,8 @@ stages together; user errors (config, data, checkpoint) become one line on stder
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
+import json
 import os
 import re
 import sys
@@ -20,6 +20,9 @@ commands:
   train    train a translator, then evaluate PPL, BLEU and chrF (Hydra overrides, -m to sweep)
            e.g. heads-lab train model.heads=8
                 heads-lab train -m model.heads=1,2,4,8
+  info     what a config costs (parameters, FLOPs per token, attention memory), without data
+           or training; comma lists compare configs side by side (--json for JSON)
+           e.g. heads-lab info model.heads=1,8,32
 
 `heads-lab <command> --help` shows the command's config groups and keys.
 """
@@ -40,39 +43,45 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown command {command!r}; commands: {', '.join(COMMANDS)} "
               "(see heads-lab --help)", file=sys.stderr)
         return 2
-    return _run_hydra(COMMANDS[command], command, rest)
+    return _reporting_user_errors(lambda: COMMANDS[command](rest))
 
 
-def _run_hydra(task: Callable, command: str, overrides: list[str]) -> int:
-    """Run `task` under Hydra with the packaged config tree, turning user errors into one line."""
-    import hydra
+def _reporting_user_errors(run: Callable[[], int]) -> int:
+    """Run a command; a user error (config, data, checkpoint, a Hydra composition error) becomes
+    one line on stderr and exit code 2. HEADS_LAB_TRACEBACK=1 (or HYDRA_FULL_ERROR=1) re-raises."""
     from hydra.errors import HydraException
-    from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from heads_lab.config import config_dir, register_configs
     from heads_lab.errors import HeadsLabError
 
-    _refuse_finished_run_dir(overrides)
-    register_configs()
-    OmegaConf.register_new_resolver("hl_suffix", _dir_suffix, replace=True)
-    user_wants_traces = bool(os.environ.get("HYDRA_FULL_ERROR") or os.environ.get("HEADS_LAB_TRACEBACK"))
-    os.environ["HYDRA_FULL_ERROR"] = "1"  # let Hydra raise, so we can report in one line
-    sys.argv = [f"heads-lab {command}", *overrides]
-    entry = hydra.main(config_path=str(config_dir()), config_name="train", version_base="1.3")(task)
-    _FAILED_JOBS.clear()
+    traces = bool(os.environ.get("HYDRA_FULL_ERROR") or os.environ.get("HEADS_LAB_TRACEBACK"))
     try:
-        if "--help" in overrides or "-h" in overrides:
-            return _hydra_help(entry)
-        entry()
+        return run()
     except (HeadsLabError, HydraException, OmegaConfBaseException) as err:
-        if user_wants_traces:
+        if traces:
             raise
         print(f"error: {_one_line(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+
+
+def _run_hydra(task: Callable, command: str, overrides: list[str]) -> int:
+    """Run `task` under Hydra (output dirs, multirun, --help) with the packaged config tree."""
+    import hydra
+
+    from heads_lab.config import config_dir, register_configs
+
+    _refuse_finished_run_dir(overrides)
+    register_configs()
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # let Hydra raise, so we can report in one line
+    sys.argv = [f"heads-lab {command}", *overrides]
+    entry = hydra.main(config_path=str(config_dir()), config_name="train", version_base="1.3")(task)
+    _FAILED_JOBS.clear()
+    if "--help" in overrides or "-h" in overrides:
+        return _hydra_help(entry)
+    entry()
     if _FAILED_JOBS:
         print(f"error: {len(_FAILED_JOBS)} job(s) of the sweep failed: {'; '.join(_FAILED_JOBS)}",
               file=sys.stderr)
@@ -104,18 +113,6 @@ def _refuse_finished_run_dir(overrides: list[str]) -> None:
             if finished.is_file():
                 print(f"error: {finished_run(finished.parent)}", file=sys.stderr)
                 raise SystemExit(2)
-
-
-def _dir_suffix(override_dirname: str, limit: int = 150) -> str:
-    """'_model.heads=8,seed=2' for run dir names ('' without overrides), safe as one path part;
-    a long one is cut and ends in a hash of the whole, so names stay distinct."""
-    if not override_dirname:
-        return ""
-    name = re.sub(r"[/\\\s]+", "-", override_dirname)
-    if len(name) > limit:
-        digest = hashlib.sha1(name.encode()).hexdigest()[:8]
-        name = f"{name[: limit - 10]}~{digest}"
-    return "_" + name
 
 
 def _one_line(err: BaseException) -> str:
@@ -187,7 +184,39 @@ def _user_errors(hydra_cfg):
         _FAILED_JOBS.append(job)
 
 
-COMMANDS: dict[str, Callable] = {"train": train_task}
+def train_command(args: list[str]) -> int:
+    return _run_hydra(train_task, "train", args)
+
+
+def info_command(args: list[str]) -> int:
+    """`heads-lab info [overrides] [--json]`: the cost account of one config, or of each config
+    of a comma-list sweep side by side; composes the config only (no data, no training)."""
+    if "-h" in args or "--help" in args:
+        print(USAGE, end="")
+        return 0
+    from heads_lab.config import compose, expand_sweeps, to_object, validate
+    from heads_lab.cost import Lengths, account
+
+    overrides = [a for a in args if a != "--json"]
+    jobs = expand_sweeps(overrides)
+    varying = [i for i in range(len(overrides)) if len({tuple(job)[i] for job in jobs}) > 1]
+    columns = []
+    for job in jobs:
+        run = to_object(compose(job))
+        validate(run)
+        label = " ".join(job[i] for i in varying) or " ".join(job) or "defaults"
+        lengths = Lengths(run.cost.src_len, run.cost.tgt_len)
+        columns.append((label, run.model, account(run.model, run.data.vocab_size, lengths)))
+    if "--json" in args:
+        print(json.dumps([{"config": label, **acct} for label, _, acct in columns], indent=2))
+        return 0
+    from heads_lab.tracking import console, cost_table
+
+    console.print(cost_table(columns))
+    return 0
+
+
+COMMANDS: dict[str, Callable[[list[str]], int]] = {"train": train_command, "info": info_command}
 
 
 if __name__ == "__main__":

@@ -9,7 +9,10 @@ names and types when it composes the config: a typo or `model.heads=abc` fails b
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import os
+import re
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -26,7 +29,11 @@ class Norm(Enum):
 
 
 class AttentionKind(Enum):
-    mha = "mha"
+    mha = "mha"  # multi-head; grouped/multi-query with kv_heads
+    talking_heads = "talking_heads"  # Shazeer et al. 2020: heads_k, heads, heads_v + head mixing
+
+
+ATTENTION_SITES = ("enc-self", "dec-self", "dec-enc")  # Voita's e, d, d-e
 
 
 class Activation(Enum):
@@ -43,9 +50,13 @@ class WandbMode(Enum):
 @dataclass
 class ModelConfig:
     d_model: int = 256
-    heads: int = 8  # h: softmax heads
+    heads: int = 8  # h: softmax heads (query heads for mha)
     head_dim: int | None = None  # d_k = d_v; None = d_model / heads (Table 3 (A) keeps h·d_k fixed)
     attention: AttentionKind = AttentionKind.mha
+    heads_k: int | None = None  # h_K, talking heads' query/key heads; None = heads
+    heads_v: int | None = None  # h_V, talking heads' value heads; None = heads
+    kv_heads: int | None = None  # mha key/value heads (grouped-query; 1 = multi-query); None = heads
+    talking_heads_in: list[str] = field(default_factory=lambda: list(ATTENTION_SITES))
     d_ff: int = 1024
     encoder_layers: int = 3
     decoder_layers: int = 3
@@ -58,6 +69,19 @@ class ModelConfig:
     @property
     def d_head(self) -> int:
         return self.head_dim if self.head_dim is not None else self.d_model // self.heads
+
+    def is_talking(self, site: str) -> bool:
+        """Whether the attention at `site` (enc-self, dec-self, dec-enc) uses talking heads."""
+        return self.attention == AttentionKind.talking_heads and site in self.talking_heads_in
+
+    def head_counts(self, site: str) -> dict[str, int]:
+        """Head counts at a site: q, k, v (projected), h (softmax) and out (into out_proj)."""
+        h = self.heads
+        if self.is_talking(site):
+            hk, hv = self.heads_k or h, self.heads_v or h
+            return {"q": hk, "k": hk, "v": hv, "h": h, "out": hv}
+        kv = self.kv_heads or h
+        return {"q": h, "k": kv, "v": kv, "h": h, "out": h}
 
 
 @dataclass
@@ -153,6 +177,14 @@ class PathsConfig:
 
 
 @dataclass
+class CostConfig:
+    # Lengths (subword tokens) at which `heads-lab info` counts FLOPs and attention memory;
+    # training runs use their data's mean lengths instead.
+    src_len: float = 20.0
+    tgt_len: float = 20.0
+
+
+@dataclass
 class RunConfig:
     model: ModelConfig = MISSING
     data: DataConfig = MISSING
@@ -160,13 +192,16 @@ class RunConfig:
     eval: EvalConfig = MISSING
     logger: LoggerConfig = MISSING
     paths: PathsConfig = field(default_factory=PathsConfig)
+    cost: CostConfig = field(default_factory=CostConfig)
     seed: int = 1
     name: str = "train"  # experiment name (wandb group when none is set)
 
 
 def register_configs() -> None:
-    """Register the schemas so conf/ can name them in its defaults lists."""
+    """Register the schemas so conf/ can name them in its defaults lists, and our resolvers."""
     from hydra.core.config_store import ConfigStore
+
+    OmegaConf.register_new_resolver("hl_suffix", run_dir_suffix, replace=True)
 
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunConfig)
@@ -180,6 +215,38 @@ def register_configs() -> None:
         ("logger", "none", LoggerConfig),
     ):
         cs.store(group=f"schema/{group}", name=name, node=node)
+
+
+def run_dir_suffix(override_dirname: str, limit: int = 150) -> str:
+    """'_model.heads=8,seed=2' for run dir names ('' without overrides), safe as one path part;
+    a long one is cut and ends in a hash of the whole, so names stay distinct."""
+    if not override_dirname:
+        return ""
+    name = re.sub(r"[/\\\s]+", "-", override_dirname)
+    if len(name) > limit:
+        digest = hashlib.sha1(name.encode()).hexdigest()[:8]
+        name = f"{name[: limit - 10]}~{digest}"
+    return "_" + name
+
+
+def compose(overrides: list[str]) -> DictConfig:
+    """conf/train.yaml composed with overrides, as `heads-lab train` would (no run dir)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    register_configs()
+    with initialize_config_dir(str(config_dir()), version_base="1.3"):
+        return hydra_compose("train", overrides=overrides)
+
+
+def expand_sweeps(overrides: list[str]) -> list[list[str]]:
+    """Hydra sweep syntax expanded: ['a=1,2', 'b=3'] → [['a=1', 'b=3'], ['a=2', 'b=3']]."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    choices = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()]
+               if o.is_sweep_override() else [o.input_line] for o in parsed]
+    return [list(job) for job in itertools.product(*choices)]
 
 
 def config_dir() -> Path:
@@ -227,6 +294,24 @@ def validate(run: RunConfig) -> None:
         )
     else:
         _check(m.head_dim >= 1, f"model.head_dim={m.head_dim} must be a positive integer")
+    for key in ("heads_k", "heads_v", "kv_heads"):
+        value = getattr(m, key)
+        _check(value is None or value >= 1, f"model.{key}={value} must be a positive integer")
+    if m.kv_heads is not None:
+        _check(m.attention == AttentionKind.mha,
+               f"model.kv_heads={m.kv_heads} applies to model.attention=mha; talking heads set "
+               "their key and value heads with model.heads_k and model.heads_v")
+        _check(m.heads % m.kv_heads == 0,
+               f"model.heads={m.heads} is not a multiple of model.kv_heads={m.kv_heads}: kv_heads "
+               f"must divide heads (one of {_divisors(m.heads)})")
+    if m.attention == AttentionKind.mha:
+        for key in ("heads_k", "heads_v"):
+            value = getattr(m, key)
+            _check(value is None or value == m.heads,
+                   f"model.{key}={value} needs model.attention=talking_heads (mha uses "
+                   "model.heads for queries, keys and values)")
+    unknown = [site for site in m.talking_heads_in if site not in ATTENTION_SITES]
+    _check(not unknown, f"model.talking_heads_in has {unknown}: choose from {list(ATTENTION_SITES)}")
     for key in ("dropout", "attention_dropout"):
         value = getattr(m, key)
         _check(0.0 <= value < 1.0, f"model.{key}={value} must be in [0, 1)")

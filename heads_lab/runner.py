@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import os
-import resource
 import shutil
 import time
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 import torch
 
 from heads_lab.config import RunConfig, cache_dir
+from heads_lab.cost import Lengths, PeakMemory, account
 from heads_lab.data import prepare
 from heads_lab.errors import finished_run
 from heads_lab.evaluate import perplexity, score, translate
@@ -36,6 +36,7 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
         torch.set_num_threads(run.trainer.threads)
     seed_everything(run.seed)
     device = resolve_device(run.trainer.device)
+    peak = PeakMemory(device)
     run_name = ",".join(overrides) or "defaults"
 
     corpus = prepare(run.data, cache_dir(run.paths))
@@ -49,8 +50,11 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
 
     model = Transformer(run.model, len(corpus.tokenizer), corpus.tokenizer.pad).to(device)
     params = count_parameters(model)
-    log.info("model: %s parameters (%d heads × d_k %d)", f"{params['total']:,}", run.model.heads,
-             run.model.d_head)
+    lengths = Lengths(float(train_split.src_lens.mean()), float(train_split.tgt_lens.mean()))
+    costs = account(run.model, len(corpus.tokenizer), lengths)
+    log.info("model: %s parameters (%s, d_k %d); %.2f MFLOP per target token per training step",
+             f"{params['total']:,}", _heads_text(run), run.model.d_head,
+             costs["flops_per_token"]["train"] / 1e6)
 
     tracker = Tracker(run.logger, run_dir, run_name, config, group=run.name)
     try:
@@ -82,7 +86,14 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
             f"{split_name}/bleu": scores["bleu"],
             f"{split_name}/chrf": scores["chrf"],
             "cost/params": params["total"],
-            "cost/peak_mem_mb": peak_memory_mb(device),
+            "cost/params_attention": params["attention"],
+            "cost/params_talking_heads": params["talking_heads"],
+            "cost/flops_per_token": costs["flops_per_token"]["train"],
+            "cost/decode_flops_per_token": costs["flops_per_token"]["decode"],
+            "cost/attention_act_kb": sum(costs["attention_activation_bytes"].values()) / 1024,
+            "cost/train_gflops_per_s": costs["flops_per_token"]["train"]
+            * result.tokens_per_s / 1e9,
+            "cost/peak_mem_mb": peak.mb(),
         }
         results = {
             "status": "complete",
@@ -91,6 +102,7 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
             "run_dir": str(run_dir),
             "metrics": metrics,
             "params": params,
+            "cost": costs,
             "sacrebleu": {k: scores[k] for k in ("bleu_signature", "chrf_signature", "bleu_detail",
                                                  "hyp_len_ratio")},
             "decoding": {"split": split_name, "beam": run.eval.beam, "lenpen": run.eval.lenpen,
@@ -110,7 +122,8 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
     except BaseException:
         tracker.finish(failed=True)
         raise
-    console.print(summary_table(f"heads-lab train · {run_name}", _summary_rows(results)))
+    console.print(summary_table("heads-lab train", _summary_rows(results)))
+    console.print(f"overrides: {run_name}")
     console.print(f"BLEU signature: {scores['bleu_signature']}")
     console.print(f"results: {run_dir / 'results.json'}")
     return results
@@ -124,11 +137,11 @@ def save_checkpoint(path: Path, model: Transformer, config: dict[str, Any], step
     os.replace(tmp, path)
 
 
-def peak_memory_mb(device: torch.device) -> float:
-    """Peak memory of this process: CUDA allocations on a GPU, else the peak resident set."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+def _heads_text(run: RunConfig) -> str:
+    c = run.model.head_counts("enc-self")
+    if run.model.attention.value == "talking_heads":
+        return f"talking heads h_K {c['k']}, h {c['h']}, h_V {c['v']}"
+    return f"{c['h']} heads" + (f", {c['k']} key/value heads" if c["k"] != c["h"] else "")
 
 
 def _write_lines(path: Path, lines: list[str]) -> None:
@@ -144,6 +157,9 @@ def _summary_rows(results: dict[str, Any]) -> list[tuple[str, str]]:
         ("parameters", f"{results['params']['total']:,}"),
         ("steps (epochs)", f"{results['train']['steps']} ({results['train']['epochs']:.1f})"),
         ("train tokens/s", f"{m['train/tokens_per_s']:,.0f}"),
+        ("train FLOPs/token · GFLOP/s", f"{m['cost/flops_per_token'] / 1e6:.1f} M · "
+                                        f"{m['cost/train_gflops_per_s']:.1f}"),
+        ("peak memory", f"{m['cost/peak_mem_mb']:,.0f} MB"),
         ("valid PPL", f"{m['valid/ppl']:.2f}"),
         (f"{split} PPL", f"{m[f'{split}/ppl']:.2f}"),
         (f"{split} BLEU (beam {results['decoding']['beam']})", f"{m[f'{split}/bleu']:.2f}"),

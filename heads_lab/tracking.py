@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -158,4 +159,57 @@ def summary_table(title: str, rows: list[tuple[str, str]]) -> Table:
     table.add_column("value", justify="right")
     for key, value in rows:
         table.add_row(key, value)
+    return table
+
+
+def _si(x: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.2f} {unit}"
+    return f"{x:.0f}"
+
+
+def cost_table(columns: list[tuple[str, Any, dict]]) -> Table:
+    """The cost account of one or more configs (label, ModelConfig, account) side by side."""
+    table = Table(title="heads-lab info · what the heads cost", title_justify="left",
+                  header_style="bold")
+    table.add_column("")
+    for label, _, _ in columns:
+        table.add_column(label, justify="right")
+
+    def row(name: str, fn) -> None:
+        table.add_row(name, *[fn(cfg, acct) for _, cfg, acct in columns])
+
+    def heads(cfg, _) -> str:
+        c = cfg.head_counts("enc-self")
+        if cfg.attention.value == "talking_heads":
+            return f"h_K {c['k']} · h {c['h']} · h_V {c['v']}"
+        return f"{c['h']}" + (f" (kv {c['k']})" if c["k"] != c["h"] else "")
+
+    def act(site):
+        return lambda cfg, a: f"{a['attention_activation_bytes'][site] / 1024:.1f} KiB"
+
+    row("attention", lambda cfg, _: cfg.attention.value + (
+        f" in {','.join(cfg.talking_heads_in)}" if cfg.attention.value == "talking_heads"
+        and len(cfg.talking_heads_in) < 3 else ""))
+    row("heads", heads)
+    row("d_k = d_v", lambda cfg, _: str(cfg.d_head))
+    row("d_model · d_ff", lambda cfg, _: f"{cfg.d_model} · {cfg.d_ff}")
+    row("layers enc + dec", lambda cfg, _: f"{cfg.encoder_layers} + {cfg.decoder_layers}")
+    row("parameters", lambda _, a: f"{a['params']['total']:,}")
+    row("  embeddings (tied)", lambda _, a: f"{a['params']['embeddings']:,}")
+    row("  attention", lambda _, a: f"{a['params']['attention']:,}")
+    row("  talking-heads mix", lambda _, a: f"{a['params']['talking_heads']:,}")
+    row("  ffn + norms", lambda _, a: f"{a['params']['ffn'] + a['params']['norm']:,}")
+    row("FLOPs/token train", lambda _, a: _si(a["flops_per_token"]["train"]))
+    row("FLOPs/token decode", lambda _, a: _si(a["flops_per_token"]["decode"]))
+    for site in ("enc-self", "dec-self", "dec-enc"):
+        row(f"n·m memory {site}", act(site))
+    first = columns[0][2]["lengths"]
+    table.caption = escape(
+        f"FLOPs per target token: 2 per multiply-add of every matmul; train = forward + "
+        f"backward; decode = greedy with KV cache (×beam for beam search); at source "
+        f"{first['src']:g} / target {first['tgt']:g} tokens (cost.src_len, cost.tgt_len). "
+        "n·m memory: the [heads, n, m] fp32 tensors one layer keeps for backward, per sentence "
+        "pair (MHA's fused kernel keeps none).")
     return table

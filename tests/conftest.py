@@ -41,17 +41,9 @@ def cache_dir(tmp_path_factory) -> Path:
 
 def compose(overrides: list[str] | None = None):
     """The real conf/train.yaml composed with overrides, as Hydra's CLI would (no run dir)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from omegaconf import OmegaConf
+    from heads_lab.config import compose as compose_config
 
-    from heads_lab.cli import _dir_suffix
-    from heads_lab.config import config_dir, register_configs
-
-    register_configs()
-    OmegaConf.register_new_resolver("hl_suffix", _dir_suffix, replace=True)
-    with initialize_config_dir(str(config_dir()), version_base="1.3"):
-        return hydra_compose("train", overrides=overrides or [])
+    return compose_config(overrides or [])
 
 
 @pytest.fixture

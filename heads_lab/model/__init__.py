@@ -1,6 +1,11 @@
 """The Transformer translator and its attention."""
 
-from heads_lab.model.attention import MultiHeadAttention, reorder_cache
+from heads_lab.model.attention import (
+    Attention,
+    MultiHeadAttention,
+    TalkingHeadsAttention,
+    reorder_cache,
+)
 from heads_lab.model.transformer import (
     Encoded,
     Transformer,
@@ -9,8 +14,10 @@ from heads_lab.model.transformer import (
 )
 
 __all__ = [
+    "Attention",
     "Encoded",
     "MultiHeadAttention",
+    "TalkingHeadsAttention",
     "Transformer",
     "count_parameters",
     "label_smoothed_loss",

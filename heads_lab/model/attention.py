@@ -1,9 +1,11 @@
-"""Multi-head attention (Vaswani et al. 2017), the one place where heads live.
+"""Attention, the one place where heads live: multi-head (Vaswani et al. 2017) with grouped or
+multi-query key/value heads, and talking heads (Shazeer et al. 2020).
 
 Shapes use named axes: batch, heads, query (n positions), key (m positions), head_dim (d_k = d_v).
-The three steps are separate methods so head variants change one step, not the module:
-  project  x → q [batch, heads, query, head_dim], k, v [batch, heads, key, head_dim]
-  attend   q, k, v → o [batch, heads, query, head_dim] (+ weights [batch, heads, query, key])
+The three steps are separate methods so a head variant changes one step, not the module:
+  project  x → q [batch, q_heads, query, head_dim], k [batch, k_heads, key, head_dim],
+               v [batch, v_heads, key, head_dim]
+  attend   q, k, v → o [batch, out_heads, query, head_dim] (+ weights [batch, heads, query, key])
   merge    o → y [batch, query, d_model]
 """
 
@@ -19,17 +21,20 @@ from torch import Tensor, nn
 KVCache = dict[str, Tensor]
 
 
-class MultiHeadAttention(nn.Module):
-    """`heads` heads of size `head_dim`. q, k, v projections are fused in `in_proj`
-    [3 · heads · head_dim, d_model] (q, k, v stacked, torch.nn.MultiheadAttention's layout), so
-    self-attention costs one GEMM; cross-attention projects the query and the memory apart."""
+class Attention(nn.Module):
+    """Shared by the head variants: the fused input projection, the cache, the output projection.
+    `q_heads`, `k_heads`, `v_heads` heads of size `head_dim` come out of `in_proj`
+    [(q_heads + k_heads + v_heads)·head_dim, d_model] (q rows, then k, then v), so
+    self-attention is one GEMM; `attend` returns `out_heads` heads for `out_proj`."""
 
-    def __init__(self, d_model: int, heads: int, head_dim: int, dropout: float = 0.0):
+    def __init__(self, d_model: int, heads: int, head_dim: int, dropout: float,
+                 q_heads: int, k_heads: int, v_heads: int, out_heads: int):
         super().__init__()
         self.heads, self.head_dim, self.dropout = heads, head_dim, dropout
-        self.inner = heads * head_dim
-        self.in_proj = nn.Linear(d_model, 3 * self.inner)
-        self.out_proj = nn.Linear(self.inner, d_model)
+        self.q_heads, self.k_heads, self.v_heads, self.out_heads = q_heads, k_heads, v_heads, out_heads
+        self.sizes = (q_heads * head_dim, k_heads * head_dim, v_heads * head_dim)
+        self.in_proj = nn.Linear(d_model, sum(self.sizes))
+        self.out_proj = nn.Linear(out_heads * head_dim, d_model)
 
     def forward(
         self,
@@ -44,15 +49,17 @@ class MultiHeadAttention(nn.Module):
         self-attention); mask [batch, 1, 1 or query, key], True where a key may be attended;
         causal: query i sees keys ≤ i. With a cache, self-attention appends this step's keys and
         values to it, and cross-attention projects the memory once and reuses it.
-        Returns y [batch, query, d_model] and, if need_weights, the per-head attention weights
-        [batch, heads, query, key] (after dropout, as used)."""
+        Returns y [batch, query, d_model] and, if need_weights, the softmax weights of each head
+        [batch, heads, query, key] (before attention dropout)."""
         q, k, v = self.project(x, memory, cache)
         o, weights = self.attend(q, k, v, mask, causal and cache is None, need_weights)
         return self.merge(o), weights
 
     def project(self, x: Tensor, memory: Tensor | None, cache: KVCache | None):
+        q_size = self.sizes[0]
         if memory is None:  # self-attention: one GEMM for q, k, v
-            q, k, v = self._split(F.linear(x, self.in_proj.weight, self.in_proj.bias), 3)
+            q, k, v = F.linear(x, self.in_proj.weight, self.in_proj.bias).split(self.sizes, -1)
+            q, k, v = self._heads(q, self.q_heads), self._heads(k, self.k_heads), self._heads(v, self.v_heads)
             if cache is not None:
                 if "k" in cache:
                     k = torch.cat([cache["k"], k], dim=2)
@@ -60,39 +67,111 @@ class MultiHeadAttention(nn.Module):
                 cache["k"], cache["v"] = k, v
             return q, k, v
         w, b = self.in_proj.weight, self.in_proj.bias
-        (q,) = self._split(F.linear(x, w[: self.inner], b[: self.inner]), 1)
+        q = self._heads(F.linear(x, w[:q_size], b[:q_size]), self.q_heads)
         if cache is not None and "k" in cache:  # cross-attention memory projected once
             return q, cache["k"], cache["v"]
-        k, v = self._split(F.linear(memory, w[self.inner :], b[self.inner :]), 2)
+        k, v = F.linear(memory, w[q_size:], b[q_size:]).split(self.sizes[1:], -1)
+        k, v = self._heads(k, self.k_heads), self._heads(v, self.v_heads)
         if cache is not None:
             cache["k"], cache["v"] = k, v
         return q, k, v
 
-    def _split(self, packed: Tensor, parts: int) -> tuple[Tensor, ...]:
-        # packed [batch, len, parts · heads · head_dim] → parts × [batch, heads, len, head_dim]
-        b, n, _ = packed.shape
-        return packed.view(b, n, parts, self.heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+    def _heads(self, x: Tensor, heads: int) -> Tensor:
+        # [batch, len, heads · head_dim] → [batch, heads, len, head_dim] (a view, no copy)
+        b, n, _ = x.shape
+        return x.view(b, n, heads, self.head_dim).transpose(1, 2)
+
+    def merge(self, o: Tensor) -> Tensor:
+        # o [batch, out_heads, query, head_dim] → [batch, query, out_heads · head_dim] → d_model
+        b, _, n, _ = o.shape
+        return self.out_proj(o.transpose(1, 2).reshape(b, n, self.out_heads * self.head_dim))
+
+
+class MultiHeadAttention(Attention):
+    """`heads` query heads sharing `kv_heads` key/value heads: grouped-query attention, with
+    kv_heads = heads standard multi-head attention (torch.nn.MultiheadAttention's in_proj layout)
+    and kv_heads = 1 multi-query attention (Shazeer 2019). Keeps PyTorch's fused SDPA kernel."""
+
+    def __init__(self, d_model: int, heads: int, head_dim: int, dropout: float = 0.0,
+                 kv_heads: int | None = None):
+        kv_heads = kv_heads or heads
+        super().__init__(d_model, heads, head_dim, dropout, q_heads=heads, k_heads=kv_heads,
+                         v_heads=kv_heads, out_heads=heads)
 
     def attend(self, q, k, v, mask, causal: bool, need_weights: bool):
         p = self.dropout if self.training else 0.0
+        grouped = self.k_heads != self.q_heads
         if not need_weights:  # fused kernel; never materialises [batch, heads, query, key]
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
+                                               is_causal=causal, enable_gqa=grouped)
             return o, None
+        if grouped:  # query head i reads key/value head i // (heads / kv_heads)
+            group = self.q_heads // self.k_heads
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         logits = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(self.head_dim)
         # logits [batch, heads, query, key]
-        if mask is not None:
-            logits = logits.masked_fill(~mask, float("-inf"))
-        if causal:
-            n, m = logits.shape[-2:]
-            future = torch.ones(n, m, dtype=torch.bool, device=q.device).triu(m - n + 1)
-            logits = logits.masked_fill(future, float("-inf"))
-        weights = F.dropout(logits.softmax(dim=-1), p=p)
-        return torch.matmul(weights, v), weights
+        weights = _masked_softmax(logits, mask, causal)
+        return torch.matmul(F.dropout(weights, p=p), v), weights
 
-    def merge(self, o: Tensor) -> Tensor:
-        # o [batch, heads, query, head_dim] → [batch, query, heads · head_dim] → [batch, query, d_model]
-        b, _, n, _ = o.shape
-        return self.out_proj(o.transpose(1, 2).reshape(b, n, self.inner))
+
+class TalkingHeadsAttention(Attention):
+    """Talking-heads attention: h_K query/key heads, h softmax heads, h_V value heads, mixed by
+    learned projections across the head axis right before and right after the softmax:
+
+      J[n, m, h_K] = Q·K / √d_k     L[n, m, h] = J · P_l[h_K, h]     W = softmax_m(L)
+      U[n, m, h_V] = W · P_w[h, h_V]     O[n, d_v, h_V] = U · V     Y = O · P_o
+
+    Masked keys get -inf in L, so they carry zero weight in W and hence in U. P_l and P_w start
+    as the (rectangular) identity: with h_K = h = h_V the layer starts as exactly the multi-head
+    attention with the same projections, so a talking-heads vs MHA comparison starts from the same
+    function. Where the counts differ, N(0, 0.01²) noise is added so heads that would start
+    identical (or unused) get distinct gradients from the first step. The [batch, heads, n, m]
+    tensors are J, W and U (the n·m·(h_K + h + h_V) activation term); the mixes are single
+    matmuls over the head axis on contiguous views, with no transposed copies."""
+
+    def __init__(self, d_model: int, heads: int, head_dim: int, dropout: float = 0.0,
+                 heads_k: int | None = None, heads_v: int | None = None):
+        heads_k, heads_v = heads_k or heads, heads_v or heads
+        super().__init__(d_model, heads, head_dim, dropout, q_heads=heads_k, k_heads=heads_k,
+                         v_heads=heads_v, out_heads=heads_v)
+        self.logits_mix = nn.Parameter(_mix_init(heads_k, heads))  # P_l [h_K, h]
+        self.weights_mix = nn.Parameter(_mix_init(heads, heads_v))  # P_w [h, h_V]
+        self.mixed_weights: Tensor | None = None  # U of the last forward with need_weights
+
+    def attend(self, q, k, v, mask, causal: bool, need_weights: bool):
+        b, h_k, n, _ = q.shape
+        m = k.shape[2]
+        h, h_v = self.heads, self.v_heads
+        j = torch.matmul(q * self.head_dim**-0.5, k.transpose(-2, -1))  # J [batch, h_K, n, m]
+        logits = torch.matmul(self.logits_mix.t(), j.view(b, h_k, n * m)).view(b, h, n, m)  # L
+        weights = _masked_softmax(logits, mask, causal, inplace=True)  # W [batch, h, n, m]
+        mixed = torch.matmul(self.weights_mix.t(), weights.view(b, h, n * m)).view(b, h_v, n, m)
+        p = self.dropout if self.training else 0.0
+        o = torch.matmul(F.dropout(mixed, p=p), v)  # O [batch, h_V, n, head_dim]
+        if need_weights:
+            self.mixed_weights = mixed
+            return o, weights
+        return o, None
+
+
+def _mix_init(rows: int, cols: int) -> Tensor:
+    mix = torch.eye(rows, cols)
+    if rows != cols:
+        mix += 0.01 * torch.randn(rows, cols)
+    return mix
+
+
+def _masked_softmax(logits: Tensor, mask: Tensor | None, causal: bool, inplace: bool = False):
+    """Softmax over keys with masked keys (mask False) and, if causal, future keys at -inf.
+    `inplace` fills `logits` itself (safe when nothing else needs them for backward)."""
+    fill = torch.Tensor.masked_fill_ if inplace else torch.Tensor.masked_fill
+    if mask is not None:
+        logits = fill(logits, ~mask, float("-inf"))
+    if causal:
+        n, m = logits.shape[-2:]
+        future = torch.ones(n, m, dtype=torch.bool, device=logits.device).triu(m - n + 1)
+        logits = fill(logits, future, float("-inf"))
+    return logits.softmax(dim=-1)
 
 
 def reorder_cache(caches: list[KVCache], order: Tensor) -> None:

@@ -11,7 +11,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from heads_lab.config import ModelConfig, Norm
-from heads_lab.model.attention import KVCache, MultiHeadAttention
+from heads_lab.model.attention import (
+    Attention,
+    KVCache,
+    MultiHeadAttention,
+    TalkingHeadsAttention,
+)
 
 
 def sinusoids(length: int, dim: int) -> Tensor:
@@ -51,14 +56,19 @@ class Residual(nn.Module):
         return self.norm(x + F.dropout(f(x), self.dropout, self.training))
 
 
-def _attention(cfg: ModelConfig) -> MultiHeadAttention:
-    return MultiHeadAttention(cfg.d_model, cfg.heads, cfg.d_head, cfg.attention_dropout)
+def _attention(cfg: ModelConfig, site: str) -> Attention:
+    """The attention module for `site` (enc-self, dec-self or dec-enc)."""
+    if cfg.is_talking(site):
+        return TalkingHeadsAttention(cfg.d_model, cfg.heads, cfg.d_head, cfg.attention_dropout,
+                                     cfg.heads_k, cfg.heads_v)
+    return MultiHeadAttention(cfg.d_model, cfg.heads, cfg.d_head, cfg.attention_dropout,
+                              cfg.kv_heads)
 
 
 class EncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.self_attn, self.ffn = _attention(cfg), FeedForward(cfg)
+        self.self_attn, self.ffn = _attention(cfg, "enc-self"), FeedForward(cfg)
         self.res_self, self.res_ffn = Residual(cfg), Residual(cfg)
         self.weights: Tensor | None = None  # set when the model records attention
 
@@ -73,7 +83,8 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.self_attn, self.cross_attn, self.ffn = _attention(cfg), _attention(cfg), FeedForward(cfg)
+        self.self_attn, self.cross_attn = _attention(cfg, "dec-self"), _attention(cfg, "dec-enc")
+        self.ffn = FeedForward(cfg)
         self.res_self, self.res_cross, self.res_ffn = Residual(cfg), Residual(cfg), Residual(cfg)
         self.self_weights: Tensor | None = None
         self.cross_weights: Tensor | None = None
@@ -178,11 +189,14 @@ def label_smoothed_loss(logits: Tensor, target: Tensor, eps: float) -> tuple[Ten
 
 
 def count_parameters(model: Transformer) -> dict[str, int]:
-    """Parameters by part: total, embeddings (shared with the output layer), attention, ffn, norm."""
-    parts = {"embeddings": nn.Embedding, "attention": MultiHeadAttention, "ffn": FeedForward,
+    """Parameters by part: total, embeddings (shared with the output layer), attention (including
+    the talking-heads mixes), talking_heads (the mixes alone), ffn, norm."""
+    parts = {"embeddings": nn.Embedding, "attention": Attention, "ffn": FeedForward,
              "norm": nn.LayerNorm}
     counts = {"total": sum(p.numel() for p in model.parameters())}
     for part, kind in parts.items():
         counts[part] = sum(p.numel() for m in model.modules() if isinstance(m, kind)
                            for p in m.parameters())
+    counts["talking_heads"] = sum(m.logits_mix.numel() + m.weights_mix.numel()
+                                  for m in model.modules() if isinstance(m, TalkingHeadsAttention))
     return counts

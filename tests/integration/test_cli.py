@@ -156,3 +156,56 @@ def test_wandb_one_offline_run_per_job_when_the_server_is_unreachable(tmp_path):
     for results in found:
         (run,) = (results.parent / "wandb").glob("offline-run-*")
         assert list(run.glob("*.wandb"))
+
+
+def test_talking_heads_with_unequal_head_counts_train_end_to_end(tmp_path):
+    proc = heads_lab("train", *TINY, "model.attention=talking_heads", "model.heads_k=2",
+                     "model.heads=6", "model.heads_v=3", "model.head_dim=8", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    (found,) = _results(tmp_path / "outputs")
+    results = json.loads(found.read_text())
+    assert math.isfinite(results["metrics"]["test/ppl"])
+    mixes_per_layer = 2 * 6 + 6 * 3  # h_K·h + h·h_V
+    assert results["params"]["talking_heads"] == 3 * mixes_per_layer  # 1+1 layers: 3 attentions
+    assert results["cost"]["params"]["total"] == results["params"]["total"]
+    assert results["metrics"]["cost/attention_act_kb"] > 0
+
+
+def test_multi_query_trains_and_reports_costs(tmp_path):
+    proc = heads_lab("train", *TINY, "model.kv_heads=1", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    (found,) = _results(tmp_path / "outputs")
+    m = json.loads(found.read_text())["metrics"]
+    for key in ("cost/params", "cost/flops_per_token", "cost/decode_flops_per_token",
+                "cost/peak_mem_mb", "cost/train_gflops_per_s", "train/tokens_per_s"):
+        assert math.isfinite(m[key]) and m[key] > 0, key
+
+
+def test_info_prints_the_account_without_data_or_training(tmp_path):
+    proc = heads_lab("info", "model=base", "model.heads=1,8,32", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    for text in ("model.heads=1", "model.heads=8", "model.heads=32", "6,042,624", "FLOPs/token"):
+        assert text in proc.stdout, text
+    assert not (tmp_path / "outputs").exists()  # nothing written
+
+
+def test_info_json_answers_whether_heads_change_parameters(tmp_path):
+    from heads_lab.config import ModelConfig
+    from heads_lab.cost import parameter_count
+
+    proc = heads_lab("info", "--json", "model=base", "model.heads=1,8,32",
+                     "model.attention=mha,talking_heads", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["config"]: r for r in json.loads(proc.stdout)}
+    assert len(rows) == 6
+    mha = {rows[f"model.heads={h} model.attention=mha"]["params"]["total"] for h in (1, 8, 32)}
+    assert mha == {parameter_count(ModelConfig(), 2000)["total"]} == {6_042_624}  # vocab 2000
+    th32 = rows["model.heads=32 model.attention=talking_heads"]["params"]
+    assert th32["talking_heads"] == 9 * (32 * 32 + 32 * 32)
+    assert th32["total"] == rows["model.heads=32 model.attention=mha"]["params"]["total"] + \
+        th32["talking_heads"]
+
+
+def test_info_bad_config_is_one_line(tmp_path):
+    _assert_one_line_error(heads_lab("info", "model.kv_heads=3", cwd=tmp_path),
+                           "model.heads=4 is not a multiple of model.kv_heads=3")

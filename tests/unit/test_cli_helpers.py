@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from heads_lab.cli import _dir_suffix
+from heads_lab.config import expand_sweeps
+from heads_lab.config import run_dir_suffix as _dir_suffix
 
 
 def test_dir_suffix():
@@ -11,3 +12,10 @@ def test_dir_suffix():
     assert _dir_suffix("data.root=/a/b c") == "_data.root=-a-b-c"
     long_a, long_b = "x=" + "1" * 300, "x=" + "1" * 299 + "2"
     assert len(_dir_suffix(long_a)) <= 151 and _dir_suffix(long_a) != _dir_suffix(long_b)
+
+
+def test_expand_sweeps():
+    assert expand_sweeps(["a=1,2", "b=x", "c=3,4"]) == [
+        ["a=1", "b=x", "c=3"], ["a=1", "b=x", "c=4"], ["a=2", "b=x", "c=3"], ["a=2", "b=x", "c=4"]]
+    assert expand_sweeps([]) == [[]]
+    assert expand_sweeps(["+experiment=x", "m.l=[1,2]"]) == [["+experiment=x", "m.l=[1,2]"]]

@@ -71,6 +71,14 @@ def test_enum_values_are_checked_when_composing():
     (["trainer.max_tokens=64"], "trainer.max_tokens=64 is smaller than the longest allowed"),
     (["data.p_plural=1.5"], "data.p_plural=1.5 must be a probability"),
     (["trainer.device=tpu"], "trainer.device='tpu' is not a device"),
+    (["model.kv_heads=3"], "model.heads=4 is not a multiple of model.kv_heads=3"),
+    (["model.kv_heads=0"], "model.kv_heads=0 must be a positive integer"),
+    (["model.attention=talking_heads", "model.kv_heads=2"],
+     "model.kv_heads=2 applies to model.attention=mha"),
+    (["model.heads_k=2"], "model.heads_k=2 needs model.attention=talking_heads"),
+    (["model.attention=talking_heads", "model.heads_v=0"], "model.heads_v=0 must be a positive"),
+    (["model.attention=talking_heads", "model.talking_heads_in=[enc]"],
+     "model.talking_heads_in has ['enc']"),
 ])
 def test_validate_names_the_key_and_the_fix(overrides, message):
     with pytest.raises(ConfigError) as err:

@@ -1,0 +1,154 @@
+"""What a head configuration costs, from the config alone: parameters, FLOPs per target token
+(training step and decoding), and the attention activations that grow with n·m.
+
+FLOPs count 2 per multiply-add of every matmul (projections, QKᵀ, the talking-heads mixes, AV,
+FFN, output layer); element-wise work (softmax, norms, dropout) is left out, as in the usual
+"6·N" accounting. Attention matrices are counted in full even where causal masking lets a kernel
+skip half. A training step is forward + backward = 3× the forward matmuls (each backward matmul
+produces two gradients). Decoding uses the key/value cache: a step attends over the prefix, the
+source keys/values are projected once per sentence, and the encoder runs once per sentence.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+from dataclasses import dataclass
+
+from heads_lab.config import ATTENTION_SITES, ModelConfig, Norm
+
+BYTES_FP32 = 4
+
+
+@dataclass
+class Lengths:
+    """Source and target lengths (subword tokens, EOS included) the account is computed at."""
+
+    src: float = 20.0
+    tgt: float = 20.0
+
+
+def parameter_count(cfg: ModelConfig, vocab: int) -> dict[str, int]:
+    """Parameters by part, by formula; equals `count_parameters` of the built model."""
+    d, dk = cfg.d_model, cfg.d_head
+    per_site = {}
+    extra = {}
+    for site in ATTENTION_SITES:
+        c = cfg.head_counts(site)
+        projected = (c["q"] + c["k"] + c["v"]) * dk
+        mixes = c["k"] * c["h"] + c["h"] * c["v"] if cfg.is_talking(site) else 0
+        per_site[site] = d * projected + projected + c["out"] * dk * d + d + mixes
+        extra[site] = mixes
+    layers = {"enc-self": cfg.encoder_layers, "dec-self": cfg.decoder_layers,
+              "dec-enc": cfg.decoder_layers}
+    attention = sum(per_site[s] * layers[s] for s in ATTENTION_SITES)
+    ffn = (cfg.encoder_layers + cfg.decoder_layers) * (2 * d * cfg.d_ff + cfg.d_ff + d)
+    n_norms = 2 * cfg.encoder_layers + 3 * cfg.decoder_layers + (2 if cfg.norm == Norm.pre else 0)
+    counts = {
+        "embeddings": vocab * d,  # shared by source, target and the output layer
+        "attention": attention,
+        "talking_heads": sum(extra[s] * layers[s] for s in ATTENTION_SITES),
+        "ffn": ffn,
+        "norm": n_norms * 2 * d,
+    }
+    counts["total"] = counts["embeddings"] + attention + ffn + counts["norm"]
+    return {"total": counts["total"], **{k: v for k, v in counts.items() if k != "total"}}
+
+
+def _attention_flops(cfg: ModelConfig, site: str, n: float, m: float, kv_tokens: float) -> float:
+    """Forward matmul FLOPs of one attention layer: n queries over m keys, with `kv_tokens`
+    key/value positions projected (m in training; 0 for a cached decoding step)."""
+    c, d, dk = cfg.head_counts(site), cfg.d_model, cfg.d_head
+    flops = 2 * n * d * c["q"] * dk  # query projection
+    flops += 2 * kv_tokens * d * (c["k"] + c["v"]) * dk  # key and value projections
+    flops += 2 * n * m * dk * c["q"]  # QKᵀ (each query head; grouped heads share keys, not work)
+    if cfg.is_talking(site):
+        flops += 2 * n * m * (c["k"] * c["h"] + c["h"] * c["v"])  # P_l and P_w mixes
+    flops += 2 * n * m * dk * c["out"]  # weights · V
+    flops += 2 * n * c["out"] * dk * d  # output projection
+    return flops
+
+
+def forward_flops(cfg: ModelConfig, vocab: int, src: float, tgt: float) -> dict[str, float]:
+    """Forward FLOPs of one sentence pair (teacher forcing), by part."""
+    ffn = 4 * cfg.d_model * cfg.d_ff
+    enc = cfg.encoder_layers * (_attention_flops(cfg, "enc-self", src, src, src) + src * ffn)
+    dec = cfg.decoder_layers * (_attention_flops(cfg, "dec-self", tgt, tgt, tgt)
+                                + _attention_flops(cfg, "dec-enc", tgt, src, src) + tgt * ffn)
+    out = 2 * tgt * cfg.d_model * vocab
+    return {"encoder": enc, "decoder": dec, "output": out, "total": enc + dec + out}
+
+
+def decode_flops(cfg: ModelConfig, vocab: int, src: float, tgt: float) -> float:
+    """Forward FLOPs to decode one sentence greedily with the cache (×beam for beam search)."""
+    ffn = 4 * cfg.d_model * cfg.d_ff
+    total = cfg.encoder_layers * (_attention_flops(cfg, "enc-self", src, src, src) + src * ffn)
+    steps = int(round(tgt))
+    for t in range(1, steps + 1):  # step t: one query over t cached positions
+        for _ in range(cfg.decoder_layers):
+            total += _attention_flops(cfg, "dec-self", 1, t, 1)
+            total += _attention_flops(cfg, "dec-enc", 1, src, 0) + ffn
+        total += 2 * cfg.d_model * vocab
+    c = cfg.head_counts("dec-enc")  # source keys/values projected once per layer
+    total += cfg.decoder_layers * 2 * src * cfg.d_model * (c["k"] + c["v"]) * cfg.d_head
+    return total
+
+
+def attention_activation_bytes(cfg: ModelConfig, site: str, n: float, m: float) -> float:
+    """Bytes of [heads, n, m] attention tensors one layer keeps for backward, per sentence pair
+    (fp32). Talking heads keep J, W and U: n·m·(h_K + h + h_V). Multi-head attention runs in the
+    fused SDPA kernel, which keeps no n·m tensor (it recomputes in backward)."""
+    if not cfg.is_talking(site):
+        return 0.0
+    c = cfg.head_counts(site)
+    return BYTES_FP32 * n * m * (c["k"] + c["h"] + c["v"])
+
+
+def account(cfg: ModelConfig, vocab: int, lengths: Lengths | None = None) -> dict[str, object]:
+    """The whole cost account of a config at the given lengths."""
+    lengths = lengths or Lengths()
+    s, t = lengths.src, lengths.tgt
+    fwd = forward_flops(cfg, vocab, s, t)
+    sizes = {"enc-self": (s, s), "dec-self": (t, t), "dec-enc": (t, s)}
+    return {
+        "params": parameter_count(cfg, vocab),
+        "lengths": {"src": s, "tgt": t},
+        "flops_per_token": {
+            "train": 3 * fwd["total"] / t,
+            "forward": fwd["total"] / t,
+            "decode": decode_flops(cfg, vocab, s, t) / t,
+        },
+        "attention_activation_bytes": {
+            site: attention_activation_bytes(cfg, site, *sizes[site]) for site in ATTENTION_SITES
+        },
+    }
+
+
+class PeakMemory:
+    """Peak memory of a stretch of work: CUDA allocations on a GPU, else the process's peak
+    resident set (reset at start where Linux allows, so a sweep's later jobs are measured alone)."""
+
+    def __init__(self, device):
+        import torch
+
+        self.device = device
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        else:
+            try:  # "5": reset the peak RSS (VmHWM) to the current RSS
+                with open("/proc/self/clear_refs", "w") as f:
+                    f.write("5")
+            except OSError:
+                pass
+
+    def mb(self) -> float:
+        if self.device.type == "cuda":
+            import torch
+
+            return torch.cuda.max_memory_allocated(self.device) / 2**20
+        if os.path.exists("/proc/self/status"):
+            with open("/proc/self/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) / 1024  # kB
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

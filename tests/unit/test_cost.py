@@ -1,0 +1,97 @@
+"""The cost account against the built model and against torch's FLOP counter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from heads_lab.config import AttentionKind, ModelConfig, Norm
+from heads_lab.cost import Lengths, account, attention_activation_bytes, parameter_count
+from heads_lab.model import Transformer, count_parameters, label_smoothed_loss
+
+TH = AttentionKind.talking_heads
+GRID = [
+    dict(heads=1), dict(heads=8), dict(heads=32, d_model=128), dict(heads=3, head_dim=20),
+    dict(kv_heads=1), dict(kv_heads=4), dict(norm=Norm.post),
+    dict(attention=TH, heads=8), dict(attention=TH, heads=32, d_model=128),
+    dict(attention=TH, heads_k=4, heads=8, heads_v=2),
+    dict(attention=TH, heads=6, heads_k=2, heads_v=3, head_dim=8, talking_heads_in=["dec-self"]),
+    dict(encoder_layers=1, decoder_layers=4, d_ff=100),
+]
+
+
+@pytest.mark.parametrize("variant", GRID)
+def test_parameter_formula_matches_the_built_model(variant):
+    cfg = ModelConfig(**{"d_model": 64, "heads": 8, "d_ff": 128, "encoder_layers": 2,
+                         "decoder_layers": 2, **variant})
+    counted = count_parameters(Transformer(cfg, 97))
+    assert parameter_count(cfg, 97) == counted
+
+
+def test_talking_heads_extra_is_hk_h_plus_h_hv_per_layer():
+    cfg = ModelConfig(d_model=96, heads=12, attention=TH, encoder_layers=1, decoder_layers=1)
+    params = parameter_count(cfg, 50)
+    assert params["talking_heads"] == 3 * 288  # 12·12 + 12·12 per attention layer, 3 layers
+    mha = parameter_count(ModelConfig(d_model=96, heads=12, encoder_layers=1, decoder_layers=1), 50)
+    assert params["total"] - mha["total"] == 3 * 288
+
+
+def test_mha_parameters_do_not_depend_on_heads_but_kv_heads_save_parameters():
+    totals = {h: parameter_count(ModelConfig(d_model=256, heads=h), 8000)["total"]
+              for h in (1, 4, 8, 16, 32)}
+    assert len(set(totals.values())) == 1
+    mqa = parameter_count(ModelConfig(d_model=256, heads=8, kv_heads=1), 8000)
+    assert mqa["attention"] < parameter_count(ModelConfig(d_model=256, heads=8), 8000)["attention"]
+
+
+def _counted_train_flops(cfg: ModelConfig, vocab: int, batch: int, src: int, tgt: int) -> float:
+    """FLOPs torch counts in one real training step (forward + backward) without padding. The
+    explicit-matmul attention path is used because the counter does not see CPU fused SDPA."""
+    torch.manual_seed(0)
+    model = Transformer(cfg, vocab)
+    src_ids = torch.randint(4, vocab, (batch, src))
+    tgt_in = torch.randint(4, vocab, (batch, tgt))
+    tgt_out = torch.randint(4, vocab, (batch, tgt))
+    with FlopCounterMode(display=False) as counter:
+        hidden = model.decode(tgt_in, model.encode(src_ids, need_weights=True), need_weights=True)
+        loss, _ = label_smoothed_loss(model.logits(hidden.reshape(-1, cfg.d_model)),
+                                      tgt_out.reshape(-1), 0.1)
+        loss.backward()
+    return counter.get_total_flops()
+
+
+@pytest.mark.parametrize("variant", [
+    dict(heads=8), dict(heads=1), dict(heads=16, kv_heads=2),
+    dict(attention=TH, heads=8), dict(attention=TH, heads_k=4, heads=8, heads_v=2),
+])
+def test_train_flops_equal_torch_flop_counter(variant):
+    cfg = ModelConfig(**{"d_model": 64, "heads": 8, "d_ff": 256, "encoder_layers": 2,
+                         "decoder_layers": 2, "dropout": 0.0, **variant})
+    vocab, batch, src, tgt = 300, 4, 11, 9
+    counted = _counted_train_flops(cfg, vocab, batch, src, tgt)
+    predicted = account(cfg, vocab, Lengths(src, tgt))["flops_per_token"]["train"] * batch * tgt
+    assert predicted == pytest.approx(counted, rel=1e-3)  # exact up to rounding; the issue asks 5 %
+
+
+@pytest.mark.parametrize("variant", [dict(heads=8), dict(attention=TH, heads_k=2, heads=8)])
+def test_decode_flops_equal_the_counter_on_cached_greedy_steps(variant):
+    cfg = ModelConfig(**{"d_model": 64, "heads": 8, "d_ff": 256, "encoder_layers": 2,
+                         "decoder_layers": 2, **variant})
+    vocab, src_len, steps = 300, 10, 7
+    model = Transformer(cfg, vocab).eval()
+    src = torch.randint(4, vocab, (1, src_len))
+    token = torch.full((1, 1), 2)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        enc, caches = model.encode(src, need_weights=True), model.new_caches()
+        for t in range(steps):  # greedy, one cached position per step, matmul attention path
+            hidden = model.decode(token, enc, need_weights=True, caches=caches, offset=t)
+            token = model.logits(hidden[:, -1]).argmax(-1, keepdim=True)
+    predicted = account(cfg, vocab, Lengths(src_len, steps))["flops_per_token"]["decode"] * steps
+    assert predicted == pytest.approx(counter.get_total_flops(), rel=1e-3)
+
+
+def test_attention_activation_memory_term():
+    th = ModelConfig(d_model=64, heads=8, heads_k=4, heads_v=2, attention=TH)
+    assert attention_activation_bytes(th, "dec-enc", 10, 30) == 4 * 10 * 30 * (4 + 8 + 2)
+    assert attention_activation_bytes(ModelConfig(d_model=64, heads=8), "enc-self", 10, 10) == 0
