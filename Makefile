@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.heads-lab-installed
 ARGS ?=
 
-.PHONY: install demo test test-slow lint clean
+.PHONY: install demo test test-slow lint clean clean-outputs
 
 install: $(STAMP)
 
@@ -31,5 +31,8 @@ test-slow: install
 lint: install
 	$(BIN)/ruff check heads_lab tests scripts
 
-clean:
-	rm -rf $(VENV) outputs/runs outputs/multiruns
+clean:  ## the virtual environment (runs in outputs/ are kept)
+	rm -rf $(VENV)
+
+clean-outputs:  ## every run and sweep under outputs/
+	rm -rf outputs/runs outputs/multiruns

@@ -74,11 +74,15 @@ def _run_hydra(task: Callable, command: str, overrides: list[str]) -> int:
     from heads_lab.config import config_dir, register_configs
 
     _refuse_finished_run_dir(overrides)
+    if _is_multirun(overrides):
+        _check_sweep(overrides)
     register_configs()
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let Hydra raise, so we can report in one line
     sys.argv = [f"heads-lab {command}", *overrides]
     entry = hydra.main(config_path=str(config_dir()), config_name="train", version_base="1.3")(task)
     _FAILED_JOBS.clear()
+    _FIXED_OVERRIDES.clear()
+    _FIXED_OVERRIDES.update(o for o in overrides if "," not in o.split("=", 1)[-1])
     if "--help" in overrides or "-h" in overrides:
         return _hydra_help(entry)
     entry()
@@ -102,17 +106,47 @@ def _hydra_help(entry: Callable) -> int:
     return int(code)
 
 
+def _is_multirun(overrides: list[str]) -> bool:
+    return "-m" in overrides or "--multirun" in overrides
+
+
 def _refuse_finished_run_dir(overrides: list[str]) -> None:
-    """`hydra.run.dir=<a finished run>` must fail before Hydra writes into that dir."""
+    """An explicit `hydra.run.dir` (or, in a sweep, `hydra.sweep.dir`) holding a finished run
+    fails before Hydra writes anything into it."""
     from heads_lab.errors import finished_run
 
+    key = "hydra.sweep.dir=" if _is_multirun(overrides) else "hydra.run.dir="
     for item in overrides:
-        if item.startswith("hydra.run.dir=") and "-m" not in overrides and \
-                "--multirun" not in overrides:
-            finished = Path(item.split("=", 1)[1]) / "results.json"
-            if finished.is_file():
-                print(f"error: {finished_run(finished.parent)}", file=sys.stderr)
-                raise SystemExit(2)
+        if item.startswith(key):
+            where = Path(item.split("=", 1)[1])
+            finished = next(iter(sorted(where.rglob("results.json"))), None) if where.is_dir() else None
+            if finished is not None:
+                raise finished_run(finished.parent)
+
+
+def _check_sweep(overrides: list[str]) -> None:
+    """Compose and validate every job of a sweep before the first one starts: a bad value in
+    one job fails at once, in one line naming the job, and nothing runs."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from heads_lab.config import compose, expand_sweeps, to_object, validate
+    from heads_lab.errors import ConfigError, HeadsLabError
+
+    plain = [o for o in overrides if o not in ("-m", "--multirun")]
+    if any(o.startswith("-") for o in plain):
+        return  # other Hydra flags (--cfg, -c ...): leave them to Hydra
+    try:
+        jobs = expand_sweeps(plain)
+    except Exception:  # sweep syntax only Hydra's sweeper understands: it reports errors itself
+        return
+    varying = [i for i in range(len(plain)) if len({job[i] for job in jobs}) > 1]
+    for job in jobs:
+        try:
+            validate(to_object(compose(job)))
+        except (HeadsLabError, HydraException, OmegaConfBaseException) as err:
+            label = ",".join(job[i] for i in varying) or " ".join(job)
+            raise ConfigError(f"sweep job {label}: {_one_line(err)} (no job was run)") from None
 
 
 def _one_line(err: BaseException) -> str:
@@ -128,7 +162,9 @@ def _one_line(err: BaseException) -> str:
     if unknown:
         key = unknown.group(1)
         return (f"unknown config key '{key}' ({cause}); check the spelling against "
-                f"`heads-lab train --cfg job`, or add a new key with +{key}=...")
+                "`heads-lab train --cfg job`")
+    if "Ambiguous value for argument" in first:
+        return f"{first} (to sweep over the values, add -m: heads-lab train -m ...)"
     options = re.search(r"Could not find '([^']+)'.*?Available options in '([^']+)':\s*(.*?)"
                         r"(?:Config search path|$)", text, re.S)
     if options:
@@ -161,6 +197,7 @@ def train_task(cfg) -> float | None:
 
 
 _FAILED_JOBS: list[str] = []
+_FIXED_OVERRIDES: set[str] = set()  # a sweep's overrides that every job shares
 
 
 @contextlib.contextmanager
@@ -179,7 +216,8 @@ def _user_errors(hydra_cfg):
         if hydra_cfg.mode != RunMode.MULTIRUN:
             print(f"error: {err}", file=sys.stderr)
             raise SystemExit(2) from None
-        job = ",".join(hydra_cfg.overrides.task) or str(hydra_cfg.job.num)
+        varying = [o for o in hydra_cfg.overrides.task if o not in _FIXED_OVERRIDES]
+        job = ",".join(varying) or str(hydra_cfg.job.num)
         print(f"error: job {hydra_cfg.job.num} ({job}): {err}", file=sys.stderr)
         _FAILED_JOBS.append(job)
 

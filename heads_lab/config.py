@@ -9,6 +9,7 @@ names and types when it composes the config: a typo or `model.heads=abc` fails b
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import os
@@ -266,8 +267,27 @@ def cache_dir(cfg: PathsConfig) -> Path:
 
 
 def to_object(cfg: DictConfig) -> RunConfig:
-    """The composed DictConfig as typed dataclass instances (interpolations resolved)."""
+    """The composed DictConfig as typed dataclass instances (interpolations resolved). A key
+    added with `+key=value` outside the schemas is refused: nothing would ever read it."""
+    extra = unknown_keys(cfg)
+    _check(not extra, f"unknown config key '{extra[0] if extra else ''}': it is not in the "
+           "schema, so nothing would read it; check the spelling against `heads-lab train --cfg job`")
     return OmegaConf.to_object(cfg)  # type: ignore[return-value]
+
+
+def unknown_keys(cfg: DictConfig, prefix: str = "") -> list[str]:
+    """Keys of `cfg` that its dataclass schemas do not declare."""
+    schema = OmegaConf.get_type(cfg)
+    if not dataclasses.is_dataclass(schema):
+        return []
+    names = {f.name for f in dataclasses.fields(schema)}
+    extra = []
+    for key in cfg.keys():
+        if key not in names:
+            extra.append(f"{prefix}{key}")
+        elif OmegaConf.is_dict(child := cfg._get_node(key)):
+            extra += unknown_keys(child, f"{prefix}{key}.")
+    return extra
 
 
 def to_dict(cfg: DictConfig) -> dict[str, Any]:
@@ -355,6 +375,12 @@ def validate(run: RunConfig) -> None:
     _check(e.lenpen >= 0, f"eval.lenpen={e.lenpen} must be >= 0")
     _check(e.max_sentences >= 1, f"eval.max_sentences={e.max_sentences} must be >= 1")
     _check(e.split in ("valid", "test"), f"eval.split={e.split!r} must be valid or test")
+    if e.bleu_tokenize is not None:
+        from sacrebleu.metrics import BLEU
+
+        _check(e.bleu_tokenize in BLEU.TOKENIZERS,
+               f"eval.bleu_tokenize={e.bleu_tokenize!r} is not a sacrebleu tokenizer: use one of "
+               f"{sorted(BLEU.TOKENIZERS)} (or null for 13a)")
 
 
 def _divisors(n: int) -> list[int]:

@@ -16,13 +16,14 @@ import torch
 from heads_lab.config import RunConfig, cache_dir
 from heads_lab.cost import Lengths, PeakMemory, account
 from heads_lab.data import prepare
-from heads_lab.errors import finished_run
+from heads_lab.errors import DataError, finished_run
 from heads_lab.evaluate import perplexity, score, translate
 from heads_lab.model import Transformer, count_parameters
 from heads_lab.tracking import Tracker, console, environment, summary_table, write_json
 from heads_lab.train import resolve_device, seed_everything, train
 
 log = logging.getLogger(__name__)
+DEFAULT_THREADS = torch.get_num_threads()  # at start-up: all cores unless OMP_NUM_THREADS says
 
 
 def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
@@ -32,8 +33,7 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
     if (run_dir / "results.json").is_file():
         raise finished_run(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    if run.trainer.threads:
-        torch.set_num_threads(run.trainer.threads)
+    torch.set_num_threads(run.trainer.threads or DEFAULT_THREADS)  # never inherit a sweep job's
     seed_everything(run.seed)
     device = resolve_device(run.trainer.device)
     peak = PeakMemory(device)
@@ -43,6 +43,12 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
     shutil.copyfile(corpus.tokenizer.path, run_dir / "tokenizer.model")
     data_s = time.perf_counter() - started
     train_split = corpus.splits["train"]
+    for name, split in corpus.splits.items():  # positions: BOS/EOS + tokens
+        longest = int(max(split.src_lens.max(), split.tgt_lens.max()))
+        if longest + 1 > run.model.max_positions:
+            raise DataError(f"the {name} split has a sentence of {longest - 1} subword tokens, "
+                            f"more than model.max_positions={run.model.max_positions} allows; "
+                            "raise model.max_positions")
     log.info("data %s: %s; vocabulary %d", run.data.name, ", ".join(
         f"{k} {v['kept']:,} pairs" + (f" ({v['dropped_too_long']} too long dropped)"
                                       if v["dropped_too_long"] else "")

@@ -75,7 +75,8 @@ def _git_commit() -> dict[str, Any] | None:
 def _reachable(url: str, timeout: float = 3.0) -> bool:
     parsed = urlparse(url)
     try:
-        with socket.create_connection((parsed.hostname, parsed.port or 443), timeout=timeout):
+        port = parsed.port or (80 if parsed.scheme == "http" else 443)
+        with socket.create_connection((parsed.hostname, port), timeout=timeout):
             return True
     except OSError:
         return False

@@ -32,12 +32,12 @@ def resolve_device(name: str) -> torch.device:
 
 
 def inverse_sqrt(warmup: int) -> Callable[[int], float]:
-    """LR multiplier: linear warm-up to 1 over `warmup` steps, then sqrt(warmup / step)."""
+    """LR multiplier of update `step` (1-based): linear warm-up to 1 at step `warmup`, then
+    sqrt(warmup / step); without warm-up, 1 / sqrt(step)."""
 
     def factor(step: int) -> float:
-        step = max(step, 1)
         if warmup <= 0:
-            return 1.0
+            return 1.0 / math.sqrt(step)
         return min(step / warmup, math.sqrt(warmup / step))
 
     return factor
@@ -70,7 +70,8 @@ def train(
         model.parameters(), lr=cfg.lr, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps,
         weight_decay=cfg.weight_decay, foreach=True,
     )
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, inverse_sqrt(cfg.warmup_steps))
+    factor = inverse_sqrt(cfg.warmup_steps)  # LambdaLR counts from 0 before the first update
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda done: factor(done + 1))
     max_steps = cfg.max_steps if cfg.max_steps is not None else math.inf
     max_epochs = cfg.max_epochs if cfg.max_epochs is not None else math.inf
     step, epoch, tokens, train_seconds = 0, 0, 0, 0.0
@@ -90,7 +91,7 @@ def train(
     model.train()
     while step < max_steps and epoch < max_epochs:
         batches = epoch_batches(train_split, cfg.max_tokens, seed, epoch)
-        n_updates = len(batches) // cfg.update_freq or 1
+        n_updates = math.ceil(len(batches) / cfg.update_freq)  # a short last group is kept
         for u in range(n_updates):
             if step >= max_steps:
                 break

@@ -10,14 +10,14 @@ from typing import Any
 import numpy as np
 
 from heads_lab.config import DataConfig, SyntheticDataConfig
-from heads_lab.data.batching import Batch, Split, bucket, collate, epoch_batches, iterate
+from heads_lab.data.batching import Batch, Split, bucket, collate, epoch_batches
 from heads_lab.data.tokenizer import Tokenizer, train_or_load
 from heads_lab.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
 __all__ = ["Batch", "Corpus", "Split", "Tokenizer", "bucket", "collate", "epoch_batches",
-           "iterate", "prepare"]
+           "prepare"]
 
 
 @dataclass

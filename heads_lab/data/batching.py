@@ -3,7 +3,6 @@ sentences of similar length share a batch, so little compute goes to padding."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,10 +44,6 @@ class Batch:
     tgt_in: Tensor  # [batch, tgt] BOS + tokens
     tgt_out: Tensor  # [batch, tgt] tokens + EOS
 
-    @property
-    def target_tokens(self) -> int:
-        return int((self.tgt_out != PAD).sum())
-
     def to(self, device: torch.device) -> Batch:
         nb = device.type == "cuda"
         return Batch(self.ids, self.src.to(device, non_blocking=nb),
@@ -73,7 +68,8 @@ def bucket(
     for i in range(n):
         width = max(width, int(longest[i]))
         size = i - start + 1
-        if size * width > max_tokens or (max_sentences and size > max_sentences):
+        too_big = size * width > max_tokens or (max_sentences and size > max_sentences)
+        if too_big and size > 1:  # a sentence alone over budget still gets a batch
             batches.append(order[start:i])
             start, width = i, int(longest[i])
     if start < n:
@@ -101,11 +97,6 @@ def epoch_batches(split: Split, max_tokens: int, seed: int, epoch: int) -> list[
     """The training batches of one epoch: deterministic in (seed, epoch)."""
     rng = np.random.default_rng([seed, epoch])
     return bucket(split.src_lens, split.tgt_lens, max_tokens, rng)
-
-
-def iterate(split: Split, batches: list[np.ndarray]) -> Iterator[Batch]:
-    for ids in batches:
-        yield collate(split, ids)
 
 
 def padding_fraction(split: Split, batches: list[np.ndarray]) -> float:

@@ -7,7 +7,8 @@ target language differs the way German or French do:
     gender, number and case (masculine accusative), so the object's article depends on its role;
   * the finite verb agrees with the subject in person and number; the past tense is an auxiliary
     plus a participle at the end of the clause (one source word → two target words, far apart);
-  * subordinate clauses are verb-final; adverbs move next to the finite verb;
+  * main clauses put the adverb right after the finite verb (source: clause-final); subordinate
+    clauses are verb-final, with the adverb after the subject;
   * many-to-one mappings: 'very' + adjective → one intensified adjective, 'lo'/'la' (he/she) →
     one pronoun, and a few source synonyms share one target word.
 Word frequencies are Zipfian, so rare words exist; half the lemmas are cognates (the target form
@@ -270,7 +271,7 @@ class Grammar:
 
 def generate(cfg: SyntheticDataConfig) -> dict[str, list[Pair]]:
     """The train / valid / test splits. Valid and test come from their own random streams (they
-    stay the same when train_size changes); train skips any source sentence in them."""
+    stay the same when train_size changes); no source sentence occurs twice in the corpus."""
     grammar = Grammar(cfg)
     splits: dict[str, list[Pair]] = {}
     seen: set[str] = set()
@@ -281,10 +282,9 @@ def generate(cfg: SyntheticDataConfig) -> dict[str, list[Pair]]:
         while len(pairs) < size:
             pair = grammar.sentence(rng)
             key = " ".join(pair.src)
-            if split != "train":
-                seen.add(key)
-            elif key in seen:
+            if key in seen:
                 continue
+            seen.add(key)
             pairs.append(pair)
         splits[split] = pairs
     return {name: splits[name] for name in ("train", "valid", "test")}

@@ -15,6 +15,7 @@ import sentencepiece as spm
 from heads_lab.errors import ConfigError
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
+CACHE_VERSION = 1  # bump when what a cached model means changes
 
 
 class Tokenizer:
@@ -45,7 +46,10 @@ def train_or_load(
     """The tokenizer for these training texts and settings, trained on a cache miss.
     Returns (tokenizer, whether it came from the cache). The cache key hashes the settings and
     the text itself, so any change in data or cleaning makes a new model."""
-    h = hashlib.sha256(json.dumps([vocab_size, model_type, spm.__version__]).encode())
+    settings = dict(vocab_size=vocab_size, model_type=model_type, character_coverage=1.0,
+                    pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS,
+                    input_sentence_size=2_000_000, shuffle_input_sentence=True)
+    h = hashlib.sha256(json.dumps([CACHE_VERSION, spm.__version__, settings]).encode())
     for line in texts:
         h.update(line.encode())
         h.update(b"\n")
@@ -55,26 +59,26 @@ def train_or_load(
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".tmp", delete=False) as out:
         try:
-            spm.SentencePieceTrainer.train(
-                sentence_iterator=iter(texts),
-                model_writer=out,
-                vocab_size=vocab_size,
-                model_type=model_type,
-                character_coverage=1.0,
-                pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS,
-                input_sentence_size=2_000_000,
-                shuffle_input_sentence=True,
-                num_threads=os.cpu_count() or 1,
-                minloglevel=2,
-            )
+            spm.SentencePieceTrainer.train(sentence_iterator=iter(texts), model_writer=out,
+                                           num_threads=os.cpu_count() or 1, minloglevel=2,
+                                           **settings)
         except RuntimeError as err:
             os.unlink(out.name)
-            limit = re.search(r"value <= (\d+)", str(err))
-            if limit:
-                raise ConfigError(
-                    f"data.vocab_size={vocab_size} is too large for this training text: "
-                    f"SentencePiece allows at most {limit.group(1)}; set data.vocab_size lower"
-                ) from None
-            raise
+            raise _vocab_error(vocab_size, str(err)) from None
     os.replace(out.name, path)  # atomic: concurrent sweep jobs never read a half-written model
     return Tokenizer(path), False
+
+
+def _vocab_error(vocab_size: int, message: str) -> ConfigError:
+    """SentencePiece's refusal of a vocabulary size, as a one-line config error."""
+    too_large = re.search(r"value <= (\d+)", message)
+    if too_large:
+        return ConfigError(f"data.vocab_size={vocab_size} is too large for this training text: "
+                           f"SentencePiece allows at most {too_large.group(1)}; lower it")
+    too_small = re.search(r"required_chars\. (\d+) vs (\d+)", message)
+    if too_small:
+        return ConfigError(f"data.vocab_size={vocab_size} is smaller than the {too_small.group(2)} "
+                           "pieces the training text needs (its characters + 4 special tokens); "
+                           "raise it")
+    return ConfigError(f"SentencePiece could not train with data.vocab_size={vocab_size}: "
+                       f"{message.splitlines()[0]}")

@@ -51,6 +51,8 @@ class Attention(nn.Module):
         values to it, and cross-attention projects the memory once and reuses it.
         Returns y [batch, query, d_model] and, if need_weights, the softmax weights of each head
         [batch, heads, query, key] (before attention dropout)."""
+        if causal and cache is not None and x.shape[1] != 1:
+            raise ValueError("cached causal self-attention takes one new position per call")
         q, k, v = self.project(x, memory, cache)
         o, weights = self.attend(q, k, v, mask, causal and cache is None, need_weights)
         return self.merge(o), weights

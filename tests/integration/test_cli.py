@@ -70,7 +70,7 @@ def test_train_writes_results_with_finite_ppl_and_bleu(tiny_run_dir):
                 "train/tokens_per_s", "cost/params"):
         assert math.isfinite(m[key]), key
     assert m["test/ppl"] > 1 and 0 <= m["test/bleu"] <= 100
-    assert results["status"] == "complete" and results["train"]["steps"] == 6
+    assert results["status"] == "complete" and results["train"]["steps"] == 30
     assert results["config"]["model"]["heads"] == 4 and results["config"]["seed"] == 1
     assert results["sacrebleu"]["bleu_signature"].startswith("nrefs:1|case:mixed")
     assert results["env"]["versions"]["torch"] and results["env"]["versions"]["sacrebleu"]
@@ -84,6 +84,8 @@ def test_bleu_equals_sacrebleu_on_the_written_files(tiny_run_dir):
     hyps = (tiny_run_dir / "hyps.test.txt").read_text(encoding="utf-8").splitlines()
     refs = (tiny_run_dir / "refs.test.txt").read_text(encoding="utf-8").splitlines()
     assert len(hyps) == len(refs) == 40
+    assert sum(bool(h.strip()) for h in hyps) > 30  # the model says something
+    assert results["metrics"]["test/bleu"] > 0
     assert results["metrics"]["test/bleu"] == sacrebleu.corpus_bleu(hyps, [refs]).score
     assert results["metrics"]["test/chrf"] == sacrebleu.corpus_chrf(hyps, [refs]).score
 
@@ -107,6 +109,8 @@ def test_same_config_and_seed_give_the_same_numbers(tiny_run_dir, tmp_path):
     second = json.loads(again.read_text())["metrics"]
     for key in ("train/loss", "valid/loss", "test/loss", "test/bleu", "test/chrf"):
         assert first[key] == second[key], key
+    assert (tiny_run_dir / "hyps.test.txt").read_bytes() == \
+        (again.parent / "hyps.test.txt").read_bytes()
 
 
 @pytest.mark.parametrize("args,fragments", [
@@ -115,6 +119,10 @@ def test_same_config_and_seed_give_the_same_numbers(tiny_run_dir, tmp_path):
     (["model.heads=abc"], ["model.heads=abc", "could not be converted to Integer"]),
     (["model=huge"], ["model/huge", "base, small, tiny, transformer_base"]),
     (["eval.beam=0"], ["eval.beam=0"]),
+    (["+trainer.max_step=5"], ["unknown config key 'trainer.max_step'"]),
+    (["eval.bleu_tokenize=foo"], ["eval.bleu_tokenize='foo' is not a sacrebleu tokenizer"]),
+    (["model.heads=3,4"], ["Ambiguous value", "add -m"]),
+    (["data.vocab_size=20", "data.train_size=300"], ["data.vocab_size=20 is smaller than"]),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, fragments):
     proc = heads_lab("train", *args, "logger=none", cwd=tmp_path)
@@ -132,13 +140,31 @@ def test_a_finished_run_is_never_overwritten(tiny_run_dir, tmp_path):
     assert (tiny_run_dir / "results.json").read_bytes() == before
 
 
-def test_a_failing_sweep_job_does_not_stop_the_others(tmp_path):
-    proc = heads_lab("train", "-m", *TINY, "model.heads=3,4", cwd=tmp_path)
-    assert proc.returncode == 2
-    assert "model.heads=3 does not divide model.d_model=64" in proc.stderr
-    assert "Traceback" not in proc.stderr
+def test_a_bad_value_in_a_sweep_fails_before_any_job_runs(tmp_path):
+    proc = heads_lab("train", "-m", *TINY, "model.heads=4,3", cwd=tmp_path)
+    _assert_one_line_error(proc, "sweep job model.heads=3",
+                           "model.heads=3 does not divide model.d_model=64", "no job was run")
+    assert not (tmp_path / "outputs").exists()
+    proc = heads_lab("train", "-m", *TINY, "model.heads=abc,4", cwd=tmp_path)
+    _assert_one_line_error(proc, "sweep job model.heads=abc", "no job was run")
+
+
+def test_a_job_failing_at_run_time_does_not_stop_the_sweep(tmp_path):
+    proc = heads_lab("train", "-m", *TINY, "data.vocab_size=5000,300", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "job 0 (data.vocab_size=5000" in proc.stderr and "too large" in proc.stderr
+    assert "1 job(s) of the sweep failed" in proc.stderr
     found = _results(tmp_path / "outputs")
-    assert [json.loads(p.read_text())["config"]["model"]["heads"] for p in found] == [4]
+    assert [json.loads(p.read_text())["config"]["data"]["vocab_size"] for p in found] == [300]
+
+
+def test_a_sweep_dir_holding_finished_runs_is_refused(tiny_run_dir, tmp_path):
+    before = {p: p.read_bytes() for p in tiny_run_dir.rglob("*") if p.is_file()}
+    proc = heads_lab("train", "-m", *TINY, "model.heads=2,4",
+                     f"hydra.sweep.dir={tiny_run_dir.parent}", f"hydra.sweep.subdir={tiny_run_dir.name}",
+                     cwd=tmp_path)
+    _assert_one_line_error(proc, "already holds a finished run")
+    assert {p: p.read_bytes() for p in tiny_run_dir.rglob("*") if p.is_file()} == before
 
 
 def test_wandb_one_offline_run_per_job_when_the_server_is_unreachable(tmp_path):

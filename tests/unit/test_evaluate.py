@@ -51,3 +51,25 @@ def test_perplexity_equals_padded_cross_entropy():
     assert result["tokens"] == tokens
     assert math.isclose(result["loss"], nll / tokens, rel_tol=1e-5)
     assert math.isclose(result["ppl"], math.exp(nll / tokens), rel_tol=1e-5)
+
+
+def test_translate_returns_hypotheses_in_the_split_order(monkeypatch):
+    """Decoding runs in length-sorted batches; the output must come back in the split's order.
+    With a decoder that copies its source, the translations are the sources themselves."""
+    from heads_lab.config import EvalConfig
+    from heads_lab.evaluate import translate
+
+    def copy_source(model, src, *args):
+        return [[int(t) for t in row if t > 3] for row in src]
+
+    class Detok:
+        def decode(self, ids):
+            return [" ".join(map(str, row)) for row in ids]
+
+    monkeypatch.setattr("heads_lab.evaluate.decode_batch", copy_source)
+    rng = np.random.default_rng(0)
+    src = [rng.integers(4, 50, rng.integers(1, 15)).astype(np.int32) for _ in range(53)]
+    split = Split([""] * 53, [""] * 53, src, src)
+    model = Transformer(ModelConfig(d_model=16, heads=2), 50)
+    hyps = translate(model, split, Detok(), EvalConfig(max_sentences=8), torch.device("cpu"))
+    assert hyps == [" ".join(map(str, s)) for s in src]
