@@ -14,188 +14,35 @@ import hashlib
 import itertools
 import os
 import re
-from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from heads_lab.errors import ConfigError
 
-
-class Norm(Enum):
-    pre = "pre"  # LN(x) inside the residual branch (stable without long warm-up)
-    post = "post"  # LN(x + f(x)), as in Vaswani et al. 2017
-
-
-class AttentionKind(Enum):
-    mha = "mha"  # multi-head; grouped/multi-query with kv_heads
-    talking_heads = "talking_heads"  # Shazeer et al. 2020: heads_k, heads, heads_v + head mixing
-
-
-ATTENTION_SITES = ("enc-self", "dec-self", "dec-enc")  # Voita's e, d, d-e
-
-
-class Activation(Enum):
-    relu = "relu"
-    gelu = "gelu"
-
-
-class WandbMode(Enum):
-    online = "online"
-    offline = "offline"
-    disabled = "disabled"
-
-
-@dataclass
-class ModelConfig:
-    d_model: int = 256
-    heads: int = 8  # h: softmax heads (query heads for mha)
-    head_dim: int | None = None  # d_k = d_v; None = d_model / heads (Table 3 (A) keeps h·d_k fixed)
-    attention: AttentionKind = AttentionKind.mha
-    heads_k: int | None = None  # h_K, talking heads' query/key heads; None = heads
-    heads_v: int | None = None  # h_V, talking heads' value heads; None = heads
-    kv_heads: int | None = None  # mha key/value heads (grouped-query; 1 = multi-query); None = heads
-    talking_heads_in: list[str] = field(default_factory=lambda: list(ATTENTION_SITES))
-    d_ff: int = 1024
-    encoder_layers: int = 3
-    decoder_layers: int = 3
-    dropout: float = 0.1  # residual, embedding and FFN dropout
-    attention_dropout: float = 0.0  # on the attention weights
-    activation: Activation = Activation.relu
-    norm: Norm = Norm.pre
-    max_positions: int = 1024
-
-    @property
-    def d_head(self) -> int:
-        return self.head_dim if self.head_dim is not None else self.d_model // self.heads
-
-    def is_talking(self, site: str) -> bool:
-        """Whether the attention at `site` (enc-self, dec-self, dec-enc) uses talking heads."""
-        return self.attention == AttentionKind.talking_heads and site in self.talking_heads_in
-
-    def head_counts(self, site: str) -> dict[str, int]:
-        """Head counts at a site: q, k, v (projected), h (softmax) and out (into out_proj)."""
-        h = self.heads
-        if self.is_talking(site):
-            hk, hv = self.heads_k or h, self.heads_v or h
-            return {"q": hk, "k": hk, "v": hv, "h": h, "out": hv}
-        kv = self.kv_heads or h
-        return {"q": h, "k": kv, "v": kv, "h": h, "out": h}
-
-
-@dataclass
-class DataConfig:
-    name: str = MISSING
-    src: str = "src"
-    tgt: str = "tgt"
-    vocab_size: int = 8000  # joint subword vocabulary (SentencePiece)
-    tokenizer: str = "bpe"  # SentencePiece model type: bpe | unigram
-    max_len: int = 128  # subword tokens per side; longer training pairs are dropped
-
-
-@dataclass
-class SyntheticDataConfig(DataConfig):
-    """The embedded language pair (heads_lab.data.synthetic); the seed fixes the language and
-    the corpus, independent of the training seed."""
-
-    name: str = "synthetic"
-    vocab_size: int = 2000
-    seed: int = 0
-    train_size: int = 20000
-    valid_size: int = 500
-    test_size: int = 1000
-    nouns: int = 400
-    verbs: int = 100
-    adjectives: int = 100
-    adverbs: int = 40
-    zipf: float = 1.1  # word-frequency exponent: p(rank r) ∝ r^-zipf
-    p_cognate: float = 0.5  # lemmas whose target form is a sound-shifted copy of the source
-    p_synonym: float = 0.05  # lemmas that share their target translation (many-to-one)
-    p_pronoun: float = 0.25
-    p_plural: float = 0.3
-    p_past: float = 0.3
-    p_adjective: float = 0.45
-    p_very: float = 0.15
-    p_adverb: float = 0.3
-    p_subordinate: float = 0.35
-    max_depth: int = 2  # nested subordinate clauses
-
-
-@dataclass
-class TrainerConfig:
-    max_steps: int | None = 300  # stop at max_steps or max_epochs, whichever comes first
-    max_epochs: int | None = None
-    max_tokens: int = 4096  # batch size in tokens (padded source or target, whichever is larger)
-    update_freq: int = 1  # accumulate gradients over this many batches per step
-    lr: float = 3e-3  # peak learning rate, reached after warmup_steps
-    warmup_steps: int = 200  # then inverse-square-root decay
-    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
-    adam_eps: float = 1e-9
-    weight_decay: float = 0.0
-    label_smoothing: float = 0.1
-    clip_norm: float = 0.0  # 0 = no gradient clipping
-    valid_every: int = 100  # steps between validations (and at the end)
-    log_every: int = 50
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    threads: int | None = None  # CPU threads; None = all cores
-    save_checkpoint: bool = True
-
-
-@dataclass
-class EvalConfig:
-    beam: int = 4  # 1 = greedy
-    lenpen: float = 0.6  # GNMT length penalty α: score / ((5 + |y|) / 6)^α
-    max_len_a: float = 1.5  # output length limit: a · source length + b
-    max_len_b: int = 10
-    max_sentences: int = 128  # sentences per decoding batch
-    split: str = "test"
-    bleu_tokenize: str | None = None  # sacrebleu tokenizer; None = sacrebleu's default (13a)
-
-
-@dataclass
-class LoggerConfig:
-    name: str = "none"  # wandb | none
-
-
-@dataclass
-class WandbConfig(LoggerConfig):
-    name: str = "wandb"
-    project: str = "heads-lab"
-    entity: str | None = None
-    mode: WandbMode = WandbMode.offline
-    group: str | None = None
-    job_type: str = "train"
-    tags: list[str] = field(default_factory=list)
-    notes: str | None = None
-
-
-@dataclass
-class PathsConfig:
-    cache_dir: str | None = None  # tokenizers and preprocessed data; None = $HEADS_LAB_CACHE or
-    # ~/.cache/heads-lab
-
-
-@dataclass
-class CostConfig:
-    # Lengths (subword tokens) at which `heads-lab info` counts FLOPs and attention memory;
-    # training runs use their data's mean lengths instead.
-    src_len: float = 20.0
-    tgt_len: float = 20.0
-
-
-@dataclass
-class RunConfig:
-    model: ModelConfig = MISSING
-    data: DataConfig = MISSING
-    trainer: TrainerConfig = MISSING
-    eval: EvalConfig = MISSING
-    logger: LoggerConfig = MISSING
-    paths: PathsConfig = field(default_factory=PathsConfig)
-    cost: CostConfig = field(default_factory=CostConfig)
-    seed: int = 1
-    name: str = "train"  # experiment name (wandb group when none is set)
+# The schemas live in heads_lab.schemas; re-exported here, next to what checks them.
+from heads_lab.schemas import (  # noqa: F401
+    ATTENTION_SITES,
+    Activation,
+    AttentionKind,
+    CleaningConfig,
+    CostConfig,
+    DataConfig,
+    EvalConfig,
+    HFDataConfig,
+    LoggerConfig,
+    ModelConfig,
+    Multi30kDataConfig,
+    Norm,
+    PathsConfig,
+    RunConfig,
+    SyntheticDataConfig,
+    TextFilesDataConfig,
+    TrainerConfig,
+    WandbConfig,
+    WandbMode,
+)
 
 
 def register_configs() -> None:
@@ -210,6 +57,9 @@ def register_configs() -> None:
     for group, name, node in (
         ("model", "model", ModelConfig),
         ("data", "synthetic", SyntheticDataConfig),
+        ("data", "multi30k", Multi30kDataConfig),
+        ("data", "local", TextFilesDataConfig),
+        ("data", "hf", HFDataConfig),
         ("trainer", "trainer", TrainerConfig),
         ("eval", "eval", EvalConfig),
         ("logger", "wandb", WandbConfig),
@@ -363,6 +213,20 @@ def validate(run: RunConfig) -> None:
     _check(d.max_len + 2 <= m.max_positions, "data.max_len + 2 must not exceed model.max_positions")
     _check(d.vocab_size >= 16, f"data.vocab_size={d.vocab_size} must be >= 16")
     _check(d.tokenizer in ("bpe", "unigram"), "data.tokenizer must be bpe or unigram")
+    c = d.cleaning
+    _check(c.normalize in ("NFC", "NFKC", "NFD", "NFKD", "none"),
+           f"data.cleaning.normalize={c.normalize!r}: use NFC, NFKC, NFD, NFKD or none")
+    _check(c.on_decode_error in ("error", "skip"),
+           f"data.cleaning.on_decode_error={c.on_decode_error!r}: use error or skip")
+    _check(c.max_ratio is None or c.max_ratio >= 1,
+           f"data.cleaning.max_ratio={c.max_ratio} must be >= 1 (or null for no ratio filter)")
+    _check(d.max_train_pairs is None or d.max_train_pairs >= 1,
+           f"data.max_train_pairs={d.max_train_pairs} must be >= 1 (or null for all)")
+    if isinstance(d, TextFilesDataConfig):
+        _check(d.format in ("text", "tsv"), f"data.format={d.format!r}: use text or tsv")
+        needed = ("{split}", "{lang}") if d.format == "text" else ("{split}",)
+        _check(all(k in d.pattern for k in needed),
+               f"data.pattern={d.pattern!r} must contain {' and '.join(needed)}")
     if isinstance(d, SyntheticDataConfig):
         for key in ("train_size", "valid_size", "test_size", "nouns", "verbs", "adjectives",
                     "adverbs"):
@@ -375,6 +239,11 @@ def validate(run: RunConfig) -> None:
     _check(e.lenpen >= 0, f"eval.lenpen={e.lenpen} must be >= 0")
     _check(e.max_sentences >= 1, f"eval.max_sentences={e.max_sentences} must be >= 1")
     _check(e.split in ("valid", "test"), f"eval.split={e.split!r} must be valid or test")
+    if e.sacrebleu_test is not None:
+        from heads_lab.data import testsets
+
+        _check(e.split == "test", "eval.sacrebleu_test replaces the test split: set eval.split=test")
+        testsets.check(e.sacrebleu_test, d.src, d.tgt)
     if e.bleu_tokenize is not None:
         from sacrebleu.metrics import BLEU
 

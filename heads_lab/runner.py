@@ -15,7 +15,8 @@ import torch
 
 from heads_lab.config import RunConfig, cache_dir
 from heads_lab.cost import Lengths, PeakMemory, account
-from heads_lab.data import prepare
+from heads_lab.data import prepare, testsets
+from heads_lab.data.cleaning import describe
 from heads_lab.errors import DataError, finished_run
 from heads_lab.evaluate import perplexity, score, translate
 from heads_lab.model import Transformer, count_parameters
@@ -49,10 +50,8 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
             raise DataError(f"the {name} split has a sentence of {longest - 1} subword tokens, "
                             f"more than model.max_positions={run.model.max_positions} allows; "
                             "raise model.max_positions")
-    log.info("data %s: %s; vocabulary %d", run.data.name, ", ".join(
-        f"{k} {v['kept']:,} pairs" + (f" ({v['dropped_too_long']} too long dropped)"
-                                      if v["dropped_too_long"] else "")
-        for k, v in corpus.stats.items() if isinstance(v, dict)), len(corpus.tokenizer))
+    for split in ("train", "valid", "test"):
+        log.info("data %s %s", run.data.name, describe(split, corpus.stats[split]))
 
     model = Transformer(run.model, len(corpus.tokenizer), corpus.tokenizer.pad).to(device)
     params = count_parameters(model)
@@ -74,6 +73,9 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
         eval_started = time.perf_counter()
         split_name = run.eval.split
         split = corpus.splits[split_name]
+        if run.eval.sacrebleu_test:
+            split = testsets.load(run.eval.sacrebleu_test, run.data.src, run.data.tgt,
+                                  corpus.tokenizer, run.data.cleaning.normalize)
         ppl = perplexity(model, split, run.trainer.max_tokens, device)
         hyps = translate(model, split, corpus.tokenizer, run.eval, device)
         _write_lines(run_dir / f"hyps.{split_name}.txt", hyps)
@@ -112,7 +114,9 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
             "sacrebleu": {k: scores[k] for k in ("bleu_signature", "chrf_signature", "bleu_detail",
                                                  "hyp_len_ratio")},
             "decoding": {"split": split_name, "beam": run.eval.beam, "lenpen": run.eval.lenpen,
-                         "sentences": len(split)},
+                         "sentences": len(split),
+                         "test_set": (f"sacrebleu:{run.eval.sacrebleu_test}"
+                                      if run.eval.sacrebleu_test else run.data.name)},
             "train": {"steps": result.steps, "epochs": result.epochs, "tokens": result.tokens,
                       "seconds": result.train_seconds, "valid_history": result.history},
             "timings": {"data_s": data_s, "train_s": result.train_seconds, "eval_s": eval_s,

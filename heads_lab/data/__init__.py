@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from heads_lab.config import DataConfig, SyntheticDataConfig
 from heads_lab.data.batching import Batch, Split, bucket, collate, epoch_batches
+from heads_lab.data.cleaning import keep_encoded, summary
+from heads_lab.data.corpus import load_or_build
 from heads_lab.data.tokenizer import Tokenizer, train_or_load
-from heads_lab.errors import ConfigError, DataError
+from heads_lab.errors import DataError
+from heads_lab.schemas import DataConfig, SyntheticDataConfig
 
 log = logging.getLogger(__name__)
 
@@ -28,43 +29,37 @@ class Corpus:
     annotations: dict[str, list] = field(default_factory=dict)  # synthetic: Pair objects by split
 
 
-def _load_texts(cfg: DataConfig) -> tuple[dict[str, tuple[list[str], list[str]]], dict[str, list]]:
-    """Raw (source, target) texts per split, plus any annotations the source provides."""
-    if isinstance(cfg, SyntheticDataConfig):
-        from heads_lab.data.synthetic import generate
-
-        pairs = generate(cfg)
-        texts = {k: ([p.src_text for p in v], [p.tgt_text for p in v]) for k, v in pairs.items()}
-        return texts, pairs
-    raise ConfigError(f"data={cfg.name!r} is not a known data source: use data=synthetic")
-
-
 def prepare(cfg: DataConfig, cache_root: Path) -> Corpus:
-    """Load the texts, train (or load) the joint tokenizer on the training split, encode all
-    splits, and drop training pairs longer than `cfg.max_len` subwords (counted in `stats`)."""
-    texts, annotations = _load_texts(cfg)
-    for name, (src, _) in texts.items():
-        if not src:
-            raise DataError(f"the {name} split of data={cfg.name} is empty: nothing to train on")
-    train_src, train_tgt = texts["train"]
-    tokenizer, cached = train_or_load(train_src + train_tgt, cfg.vocab_size, cfg.tokenizer,
-                                      cache_root)
+    """The encoded corpus of `cfg`: real sources through the streamed, cached pipeline
+    (heads_lab.data.corpus); the synthetic pair is generated and encoded in memory (it is small
+    and fast, and its annotations are needed too). Training pairs failing the subword filters
+    are dropped; every split's counts are in `stats`."""
+    if not isinstance(cfg, SyntheticDataConfig):
+        tokenizer, splits, stats = load_or_build(cfg, cache_root)
+        return Corpus(tokenizer, splits, {**stats, "vocab_size": len(tokenizer)})
+    from heads_lab.data.synthetic import generate
+
+    pairs = generate(cfg)
+    train_text = [p.src_text for p in pairs["train"]] + [p.tgt_text for p in pairs["train"]]
+    tokenizer, cached = train_or_load(train_text, cfg.vocab_size, cfg.tokenizer, cache_root)
     log.info("tokenizer %s (%d pieces, %s)", tokenizer.path.name, len(tokenizer),
              "cached" if cached else "trained")
-    splits, stats = {}, {}
-    for name, (src, tgt) in texts.items():
-        src_ids = [np.asarray(x, dtype=np.int32) for x in tokenizer.encode(src)]
-        tgt_ids = [np.asarray(x, dtype=np.int32) for x in tokenizer.encode(tgt)]
-        keep = list(range(len(src)))
-        if name == "train":
-            keep = [i for i in keep if len(src_ids[i]) <= cfg.max_len and len(tgt_ids[i]) <= cfg.max_len]
-        stats[name] = {"read": len(src), "dropped_too_long": len(src) - len(keep), "kept": len(keep)}
+    splits, stats, annotations = {}, {}, {}
+    for name, items in pairs.items():
+        src, tgt = [p.src_text for p in items], [p.tgt_text for p in items]
+        src_ids, tgt_ids = tokenizer.encode(src), tokenizer.encode(tgt)
+        counts = Counter(read=len(items))
+        keep = [i for i in range(len(items)) if name != "train" or
+                keep_encoded(len(src_ids[i]), len(tgt_ids[i]), cfg.max_len,
+                             cfg.cleaning.max_ratio, counts)]
+        counts["kept"] = len(keep)
+        if not keep:
+            raise DataError(f"the {name} split of data={cfg.name} is empty after filtering "
+                            f"(data.max_len={cfg.max_len}): nothing to train on")
+        stats[name] = summary(counts)
         splits[name] = Split([src[i] for i in keep], [tgt[i] for i in keep],
                              [src_ids[i] for i in keep], [tgt_ids[i] for i in keep])
-        if name in annotations and len(keep) < len(src):
-            annotations[name] = [annotations[name][i] for i in keep]
-    if not len(splits["train"]):
-        raise DataError(f"every training pair is longer than data.max_len={cfg.max_len}: raise it")
+        annotations[name] = [items[i] for i in keep]
     stats["vocab_size"] = len(tokenizer)
     stats["tokenizer_cached"] = cached
     return Corpus(tokenizer, splits, stats, annotations)

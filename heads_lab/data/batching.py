@@ -12,25 +12,51 @@ from torch import Tensor
 from heads_lab.data.tokenizer import BOS, EOS, PAD
 
 
+class TokenArray:
+    """Many token sequences in one flat array with offsets (memory-mapped for cached corpora):
+    item i is data[offsets[i]:offsets[i + 1]]."""
+
+    def __init__(self, data: np.ndarray, offsets: np.ndarray):
+        self.data, self.offsets = data, offsets
+        self.lengths = np.diff(offsets).astype(np.int32)  # 4 bytes a sentence
+
+    @classmethod
+    def from_list(cls, seqs: list) -> TokenArray:
+        lengths = np.fromiter((len(s) for s in seqs), dtype=np.int64, count=len(seqs))
+        offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        data = np.concatenate([np.asarray(s, dtype=np.int32) for s in seqs]) if seqs else \
+            np.zeros(0, dtype=np.int32)
+        return cls(data, offsets)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.data[self.offsets[i] : self.offsets[i + 1]]
+
+
 @dataclass
 class Split:
-    """One split: texts and their subword ids (without BOS/EOS)."""
+    """One split: its texts (held-out splits; None for a cached training split) and subword ids
+    without BOS/EOS, as TokenArrays (lists of id arrays are converted)."""
 
-    src_text: list[str]
-    tgt_text: list[str]
-    src: list[np.ndarray]
-    tgt: list[np.ndarray]
+    src_text: list[str] | None
+    tgt_text: list[str] | None
+    src: TokenArray
+    tgt: TokenArray
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.src, TokenArray):
+            self.src = TokenArray.from_list(self.src)
+        if not isinstance(self.tgt, TokenArray):
+            self.tgt = TokenArray.from_list(self.tgt)
+        # lengths with the EOS (source) or BOS/EOS (target) position each side gets
+        self.src_lens = self.src.lengths + 1
+        self.tgt_lens = self.tgt.lengths + 1
 
     def __len__(self) -> int:
         return len(self.src)
-
-    @property
-    def src_lens(self) -> np.ndarray:
-        return np.fromiter((len(s) + 1 for s in self.src), dtype=np.int64, count=len(self.src))
-
-    @property
-    def tgt_lens(self) -> np.ndarray:
-        return np.fromiter((len(t) + 1 for t in self.tgt), dtype=np.int64, count=len(self.tgt))
 
     def target_tokens(self) -> int:
         """Target tokens including EOS: what perplexity and tokens/s count."""

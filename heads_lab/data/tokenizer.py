@@ -8,6 +8,7 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 import sentencepiece as spm
@@ -15,7 +16,7 @@ import sentencepiece as spm
 from heads_lab.errors import ConfigError
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
-CACHE_VERSION = 1  # bump when what a cached model means changes
+CACHE_VERSION = 2  # bump when what a cached model means changes
 
 
 class Tokenizer:
@@ -40,16 +41,36 @@ class Tokenizer:
         return [self.sp.id_to_piece(i) for i in ids]
 
 
+def _settings(vocab_size: int, model_type: str) -> dict:
+    return dict(vocab_size=vocab_size, model_type=model_type, character_coverage=1.0,
+                pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS,
+                input_sentence_size=1_000_000, shuffle_input_sentence=True)
+
+
+def train_tokenizer(sentences: Iterable[str], vocab_size: int, model_type: str, path: Path) -> None:
+    """Train a SentencePiece model on streamed sentences (SentencePiece samples at most 1 M of
+    them, so memory stays bounded) and write it atomically to `path`; an impossible vocab size
+    is a ConfigError."""
+    path = Path(path)
+    with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".tmp", delete=False) as out:
+        try:
+            spm.SentencePieceTrainer.train(sentence_iterator=iter(sentences), model_writer=out,
+                                           num_threads=os.cpu_count() or 1, minloglevel=2,
+                                           **_settings(vocab_size, model_type))
+        except RuntimeError as err:
+            os.unlink(out.name)
+            raise _vocab_error(vocab_size, str(err)) from None
+    os.replace(out.name, path)  # atomic: concurrent sweep jobs never read a half-written model
+
+
 def train_or_load(
     texts: list[str], vocab_size: int, model_type: str, cache_root: Path
 ) -> tuple[Tokenizer, bool]:
-    """The tokenizer for these training texts and settings, trained on a cache miss.
+    """The tokenizer for these in-memory training texts and settings, trained on a cache miss.
     Returns (tokenizer, whether it came from the cache). The cache key hashes the settings and
     the text itself, so any change in data or cleaning makes a new model."""
-    settings = dict(vocab_size=vocab_size, model_type=model_type, character_coverage=1.0,
-                    pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS,
-                    input_sentence_size=2_000_000, shuffle_input_sentence=True)
-    h = hashlib.sha256(json.dumps([CACHE_VERSION, spm.__version__, settings]).encode())
+    h = hashlib.sha256(json.dumps([CACHE_VERSION, spm.__version__,
+                                   _settings(vocab_size, model_type)]).encode())
     for line in texts:
         h.update(line.encode())
         h.update(b"\n")
@@ -57,15 +78,7 @@ def train_or_load(
     if path.is_file():
         return Tokenizer(path), True
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".tmp", delete=False) as out:
-        try:
-            spm.SentencePieceTrainer.train(sentence_iterator=iter(texts), model_writer=out,
-                                           num_threads=os.cpu_count() or 1, minloglevel=2,
-                                           **settings)
-        except RuntimeError as err:
-            os.unlink(out.name)
-            raise _vocab_error(vocab_size, str(err)) from None
-    os.replace(out.name, path)  # atomic: concurrent sweep jobs never read a half-written model
+    train_tokenizer(texts, vocab_size, model_type, path)
     return Tokenizer(path), False
 
 

@@ -1,0 +1,246 @@
+"""Typed config schemas: one dataclass per config group option. Plain dataclasses (no Hydra),
+so every stage can take them as inputs; heads_lab.config registers them with Hydra's
+ConfigStore and checks what types alone cannot."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from omegaconf import MISSING
+
+
+class Norm(Enum):
+    pre = "pre"  # LN(x) inside the residual branch (stable without long warm-up)
+    post = "post"  # LN(x + f(x)), as in Vaswani et al. 2017
+
+
+class AttentionKind(Enum):
+    mha = "mha"  # multi-head; grouped/multi-query with kv_heads
+    talking_heads = "talking_heads"  # Shazeer et al. 2020: heads_k, heads, heads_v + head mixing
+
+
+ATTENTION_SITES = ("enc-self", "dec-self", "dec-enc")  # Voita's e, d, d-e
+
+
+class Activation(Enum):
+    relu = "relu"
+    gelu = "gelu"
+
+
+class WandbMode(Enum):
+    online = "online"
+    offline = "offline"
+    disabled = "disabled"
+
+
+@dataclass
+class ModelConfig:
+    d_model: int = 256
+    heads: int = 8  # h: softmax heads (query heads for mha)
+    head_dim: int | None = None  # d_k = d_v; None = d_model / heads (Table 3 (A) keeps h·d_k fixed)
+    attention: AttentionKind = AttentionKind.mha
+    heads_k: int | None = None  # h_K, talking heads' query/key heads; None = heads
+    heads_v: int | None = None  # h_V, talking heads' value heads; None = heads
+    kv_heads: int | None = None  # mha key/value heads (grouped-query; 1 = multi-query); None = heads
+    talking_heads_in: list[str] = field(default_factory=lambda: list(ATTENTION_SITES))
+    d_ff: int = 1024
+    encoder_layers: int = 3
+    decoder_layers: int = 3
+    dropout: float = 0.1  # residual, embedding and FFN dropout
+    attention_dropout: float = 0.0  # on the attention weights
+    activation: Activation = Activation.relu
+    norm: Norm = Norm.pre
+    max_positions: int = 1024
+
+    @property
+    def d_head(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.d_model // self.heads
+
+    def is_talking(self, site: str) -> bool:
+        """Whether the attention at `site` (enc-self, dec-self, dec-enc) uses talking heads."""
+        return self.attention == AttentionKind.talking_heads and site in self.talking_heads_in
+
+    def head_counts(self, site: str) -> dict[str, int]:
+        """Head counts at a site: q, k, v (projected), h (softmax) and out (into out_proj)."""
+        h = self.heads
+        if self.is_talking(site):
+            hk, hv = self.heads_k or h, self.heads_v or h
+            return {"q": hk, "k": hk, "v": hv, "h": h, "out": hv}
+        kv = self.kv_heads or h
+        return {"q": h, "k": kv, "v": kv, "h": h, "out": h}
+
+
+@dataclass
+class CleaningConfig:
+    """Applied while reading. Every split: Unicode normalisation, whitespace collapsed and
+    stripped. Training pairs only (held-out sets are never filtered): empty pairs dropped,
+    optional de-duplication, and after subword encoding the length (data.max_len) and ratio
+    filters of fairseq's recipes (clean-corpus-n: 1-250 subwords, ratio 1.5)."""
+
+    normalize: str = "NFC"  # NFC | NFKC | NFD | NFKD | none
+    dedup: bool = False  # drop training pairs seen before (after normalisation)
+    max_ratio: float | None = 1.5  # longer / shorter side, in subwords; null = no ratio filter
+    on_decode_error: str = "error"  # error | skip: lines that are not UTF-8 (skipped are counted)
+
+
+@dataclass
+class DataConfig:
+    name: str = MISSING
+    src: str = "src"  # source language code
+    tgt: str = "tgt"  # target language code
+    vocab_size: int = 8000  # joint subword vocabulary (SentencePiece)
+    tokenizer: str = "bpe"  # SentencePiece model type: bpe | unigram
+    max_len: int = 250  # subword tokens per side; longer training pairs are dropped
+    max_train_pairs: int | None = None  # keep only the first N cleaned training pairs
+    cleaning: CleaningConfig = field(default_factory=CleaningConfig)
+
+
+@dataclass
+class TextFilesDataConfig(DataConfig):
+    """A parallel corpus in plain-text files (gzip allowed) under `root`: with format=text, one
+    file per split and side named by `pattern` ({split}, {lang}); with format=tsv, one file per
+    split (`pattern` with {split}), one `source<TAB>target` pair per line."""
+
+    name: str = "local"
+    root: str | None = None
+    format: str = "text"  # text | tsv
+    pattern: str = "{split}.{lang}"  # a .gz twin is tried too
+    train: str = "train"  # split names as they appear in file names
+    valid: str = "valid"
+    test: str = "test"
+
+
+@dataclass
+class Multi30kDataConfig(TextFilesDataConfig):
+    """Multi30k task 1 (Elliott et al. 2016): en, de, fr, cs. `root` defaults to
+    $HEADS_LAB_DATA/multi30k (or $HEADS_LAB_DATA); without the files, the hub copy is tried."""
+
+    name: str = "multi30k"
+    src: str = "de"
+    tgt: str = "en"
+    train: str = "train"
+    valid: str = "val"
+    test: str = "test_2016_flickr"  # or test_2017_flickr, test_2017_mscoco, test_2018_flickr
+    hub_dataset: str = "bentrevett/multi30k"  # en/de columns; train / validation / test
+
+
+@dataclass
+class HFDataConfig(DataConfig):
+    """A Hugging Face dataset in the WMT schema (a `translation` column of {lang: text}) or with
+    one column per language. `dataset` is a hub name, a directory saved by `save_to_disk`, or a
+    loader name (json, parquet, csv) with `files` mapping each split to local files."""
+
+    name: str = "hf"
+    dataset: str | None = None
+    config: str | None = None  # the dataset's configuration, e.g. de-en for wmt/wmt14
+    revision: str | None = None
+    column: str | None = "translation"  # null: the text is in columns named like data.src/tgt
+    files: dict[str, str] = field(default_factory=dict)  # split name → file(s), for json/parquet
+    train: str = "train"
+    valid: str = "validation"
+    test: str = "test"
+
+
+@dataclass
+class SyntheticDataConfig(DataConfig):
+    """The embedded language pair (heads_lab.data.synthetic); the seed fixes the language and
+    the corpus, independent of the training seed."""
+
+    name: str = "synthetic"
+    vocab_size: int = 2000
+    seed: int = 0
+    train_size: int = 20000
+    valid_size: int = 500
+    test_size: int = 1000
+    nouns: int = 400
+    verbs: int = 100
+    adjectives: int = 100
+    adverbs: int = 40
+    zipf: float = 1.1  # word-frequency exponent: p(rank r) ∝ r^-zipf
+    p_cognate: float = 0.5  # lemmas whose target form is a sound-shifted copy of the source
+    p_synonym: float = 0.05  # lemmas that share their target translation (many-to-one)
+    p_pronoun: float = 0.25
+    p_plural: float = 0.3
+    p_past: float = 0.3
+    p_adjective: float = 0.45
+    p_very: float = 0.15
+    p_adverb: float = 0.3
+    p_subordinate: float = 0.35
+    max_depth: int = 2  # nested subordinate clauses
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int | None = 300  # stop at max_steps or max_epochs, whichever comes first
+    max_epochs: int | None = None
+    max_tokens: int = 4096  # batch size in tokens (padded source or target, whichever is larger)
+    update_freq: int = 1  # accumulate gradients over this many batches per step
+    lr: float = 3e-3  # peak learning rate, reached after warmup_steps
+    warmup_steps: int = 200  # then inverse-square-root decay
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    adam_eps: float = 1e-9
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.1
+    clip_norm: float = 0.0  # 0 = no gradient clipping
+    valid_every: int = 100  # steps between validations (and at the end)
+    log_every: int = 50
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    threads: int | None = None  # CPU threads; None = all cores
+    save_checkpoint: bool = True
+
+
+@dataclass
+class EvalConfig:
+    beam: int = 4  # 1 = greedy
+    lenpen: float = 0.6  # GNMT length penalty α: score / ((5 + |y|) / 6)^α
+    max_len_a: float = 1.5  # output length limit: a · source length + b
+    max_len_b: int = 10
+    max_sentences: int = 128  # sentences per decoding batch
+    split: str = "test"
+    bleu_tokenize: str | None = None  # sacrebleu tokenizer; None = sacrebleu's default (13a)
+    sacrebleu_test: str | None = None  # e.g. wmt14: test on sacrebleu's copy of a standard set
+
+
+@dataclass
+class LoggerConfig:
+    name: str = "none"  # wandb | none
+
+
+@dataclass
+class WandbConfig(LoggerConfig):
+    name: str = "wandb"
+    project: str = "heads-lab"
+    entity: str | None = None
+    mode: WandbMode = WandbMode.offline
+    group: str | None = None
+    job_type: str = "train"
+    tags: list[str] = field(default_factory=list)
+    notes: str | None = None
+
+
+@dataclass
+class PathsConfig:
+    cache_dir: str | None = None  # tokenizers and preprocessed data; None = $HEADS_LAB_CACHE or
+    # ~/.cache/heads-lab
+
+
+@dataclass
+class CostConfig:
+    # Lengths (subword tokens) at which `heads-lab info` counts FLOPs and attention memory;
+    # training runs use their data's mean lengths instead.
+    src_len: float = 20.0
+    tgt_len: float = 20.0
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = MISSING
+    data: DataConfig = MISSING
+    trainer: TrainerConfig = MISSING
+    eval: EvalConfig = MISSING
+    logger: LoggerConfig = MISSING
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    cost: CostConfig = field(default_factory=CostConfig)
+    seed: int = 1
+    name: str = "train"  # experiment name (wandb group when none is set)
