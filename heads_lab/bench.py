@@ -13,12 +13,14 @@ import torch
 from heads_lab.config import ModelConfig
 from heads_lab.cost import Lengths, account
 from heads_lab.model import Transformer, label_smoothed_loss
+from heads_lab.train import autocast
 
 
 @dataclass
 class Variant:
     name: str
     model: ModelConfig
+    precision: str = "fp32"
     times: list[float] = field(default_factory=list)
 
 
@@ -50,8 +52,10 @@ def train_throughput(variants: list[Variant], work: Workload, steps: int = 10, w
     for i in range(warmup + steps):
         for v, model, opt in runs:  # take turns, so machine drift hits every variant alike
             started = time.perf_counter()
-            hidden = model.decode(tgt_in, model.encode(src))
-            loss, _ = label_smoothed_loss(model.logits(hidden).view(-1, work.vocab), tgt_out, 0.1)
+            with autocast(torch.device("cpu"), v.precision):
+                hidden = model.decode(tgt_in, model.encode(src))
+                loss, _ = label_smoothed_loss(model.logits(hidden).view(-1, work.vocab), tgt_out,
+                                              0.1)
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)

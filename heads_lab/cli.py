@@ -29,6 +29,10 @@ commands:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Token-budget batches give a new tensor shape nearly every step; oneDNN's default cache of
+    # 1024 compiled kernels then holds GBs that are rarely reused (bf16: 3.2 vs 2.4 GB after 90
+    # Multi30k steps, no slower). Set before torch loads; the user's own setting wins.
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "128")
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help", "help"):
         print(USAGE, end="")

@@ -194,6 +194,7 @@ def validate(run: RunConfig) -> None:
         value = getattr(t, key)
         _check(value is None or value >= 1, f"trainer.{key}={value} must be >= 1 (or null)")
     _check(t.lr > 0, f"trainer.lr={t.lr} must be > 0")
+    _check(t.precision in ("fp32", "bf16"), f"trainer.precision={t.precision!r}: use fp32 or bf16")
     _check(t.warmup_steps >= 0, f"trainer.warmup_steps={t.warmup_steps} must be >= 0")
     _check(t.update_freq >= 1, f"trainer.update_freq={t.update_freq} must be >= 1")
     _check(0.0 <= t.label_smoothing < 1.0, "trainer.label_smoothing must be in [0, 1)")

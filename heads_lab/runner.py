@@ -21,7 +21,7 @@ from heads_lab.errors import DataError, finished_run
 from heads_lab.evaluate import perplexity, score, translate
 from heads_lab.model import Transformer, count_parameters
 from heads_lab.tracking import Tracker, console, environment, summary_table, write_json
-from heads_lab.train import resolve_device, seed_everything, train
+from heads_lab.train import autocast, resolve_device, seed_everything, train
 
 log = logging.getLogger(__name__)
 DEFAULT_THREADS = torch.get_num_threads()  # at start-up: all cores unless OMP_NUM_THREADS says
@@ -76,8 +76,9 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
         if run.eval.sacrebleu_test:
             split = testsets.load(run.eval.sacrebleu_test, run.data.src, run.data.tgt,
                                   corpus.tokenizer, run.data.cleaning.normalize)
-        ppl = perplexity(model, split, run.trainer.max_tokens, device)
-        hyps = translate(model, split, corpus.tokenizer, run.eval, device)
+        with autocast(device, run.trainer.precision):  # evaluate as trained
+            ppl = perplexity(model, split, run.trainer.max_tokens, device)
+            hyps = translate(model, split, corpus.tokenizer, run.eval, device)
         _write_lines(run_dir / f"hyps.{split_name}.txt", hyps)
         _write_lines(run_dir / f"refs.{split_name}.txt", split.tgt_text)
         _write_lines(run_dir / f"src.{split_name}.txt", split.src_text)

@@ -186,6 +186,7 @@ class TrainerConfig:
     valid_every: int = 100  # steps between validations (and at the end)
     log_every: int = 50
     device: str = "auto"  # auto | cpu | cuda | cuda:N
+    precision: str = "fp32"  # fp32 | bf16 (autocast: bf16 matmuls, fp32 weights and loss)
     threads: int | None = None  # CPU threads; None = all cores
     save_checkpoint: bool = True
 

@@ -31,6 +31,12 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def autocast(device: torch.device, precision: str):
+    """bf16 autocast for `precision=bf16` (matmuls in bf16, weights, optimizer and loss in fp32),
+    a no-op for fp32."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
 def inverse_sqrt(warmup: int) -> Callable[[int], float]:
     """LR multiplier of update `step` (1-based): linear warm-up to 1 at step `warmup`, then
     sqrt(warmup / step); without warm-up, 1 / sqrt(step)."""
@@ -83,7 +89,8 @@ def train(
 
     def validate() -> None:
         nonlocal valid
-        valid = perplexity(model, valid_split, cfg.max_tokens, device)
+        with autocast(device, cfg.precision):
+            valid = perplexity(model, valid_split, cfg.max_tokens, device)
         metrics = {"valid/loss": valid["loss"], "valid/ppl": valid["ppl"]}
         history.append({"step": step, **metrics})
         on_log(step, metrics)
@@ -101,9 +108,10 @@ def train(
             for ids in group:
                 batch = collate(train_split, ids).to(device)
                 keep = batch.tgt_out != model.pad_id  # score only real target positions
-                hidden = model.decode(batch.tgt_in, model.encode(batch.src))[keep]
-                loss, nll = label_smoothed_loss(model.logits(hidden), batch.tgt_out[keep],
-                                                 cfg.label_smoothing)
+                with autocast(device, cfg.precision):
+                    hidden = model.decode(batch.tgt_in, model.encode(batch.src))[keep]
+                    loss, nll = label_smoothed_loss(model.logits(hidden), batch.tgt_out[keep],
+                                                    cfg.label_smoothing)
                 (loss / n_tokens).backward()  # gradient of the mean over the whole update
                 window["loss"] += loss.item()
                 window["nll"] += nll.item()

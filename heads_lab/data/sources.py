@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from heads_lab.errors import ConfigError, DataError
 from heads_lab.schemas import DataConfig, HFDataConfig, Multi30kDataConfig, TextFilesDataConfig
@@ -213,8 +214,11 @@ def _load_hf(cfg: HFDataConfig):
 
 
 def _hub_reachable(timeout: float = 3.0) -> bool:
+    """A quick connect to the hub (or the HF_ENDPOINT mirror), so offline fails in seconds."""
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    port = url.port or (80 if url.scheme == "http" else 443)
     try:
-        with socket.create_connection(("huggingface.co", 443), timeout=timeout):
+        with socket.create_connection((url.hostname, port), timeout=timeout):
             return True
     except OSError:
         return False

@@ -17,6 +17,7 @@ from heads_lab.model.attention import (
     MultiHeadAttention,
     TalkingHeadsAttention,
 )
+from heads_lab.model.dropout import dropout
 
 
 def sinusoids(length: int, dim: int) -> Tensor:
@@ -38,7 +39,7 @@ class FeedForward(nn.Module):
         self.dropout = cfg.dropout
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(F.dropout(self.act(self.fc1(x)), self.dropout, self.training))
+        return self.fc2(dropout(self.act(self.fc1(x)), self.dropout, self.training))
 
 
 class Residual(nn.Module):
@@ -52,8 +53,8 @@ class Residual(nn.Module):
 
     def forward(self, x: Tensor, f) -> Tensor:
         if self.pre:
-            return x + F.dropout(f(self.norm(x)), self.dropout, self.training)
-        return self.norm(x + F.dropout(f(x), self.dropout, self.training))
+            return x + dropout(f(self.norm(x)), self.dropout, self.training)
+        return self.norm(x + dropout(f(x), self.dropout, self.training))
 
 
 def _attention(cfg: ModelConfig, site: str) -> Attention:
@@ -144,7 +145,7 @@ class Transformer(nn.Module):
         # tokens [batch, len] → [batch, len, d_model]
         x = self.embed(tokens) * math.sqrt(self.cfg.d_model)
         x = x + self.positions[offset : offset + tokens.shape[1]]
-        return F.dropout(x, self.cfg.dropout, self.training)
+        return dropout(x, self.cfg.dropout, self.training)
 
     def encode(self, src: Tensor, need_weights: bool = False) -> Encoded:
         mask = (src != self.pad_id)[:, None, None, :]  # [batch, 1, 1, src], built once per batch

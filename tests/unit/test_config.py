@@ -71,6 +71,7 @@ def test_enum_values_are_checked_when_composing():
     (["trainer.max_tokens=64"], "trainer.max_tokens=64 is smaller than the longest allowed"),
     (["data.p_plural=1.5"], "data.p_plural=1.5 must be a probability"),
     (["trainer.device=tpu"], "trainer.device='tpu' is not a device"),
+    (["trainer.precision=fp16"], "trainer.precision='fp16': use fp32 or bf16"),
     (["model.kv_heads=3"], "model.heads=4 is not a multiple of model.kv_heads=3"),
     (["model.kv_heads=0"], "model.kv_heads=0 must be a positive integer"),
     (["model.attention=talking_heads", "model.kv_heads=2"],

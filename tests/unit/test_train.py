@@ -82,3 +82,16 @@ def test_same_seed_same_training_and_the_model_learns():
     runs = [train(_model(dropout=0.1), split, split, cfg, seed=3, device=CPU) for _ in range(2)]
     assert runs[0].history == runs[1].history and runs[0].train_loss == runs[1].train_loss
     assert runs[0].history[-1]["valid/loss"] < runs[0].history[0]["valid/loss"] < math.log(30)
+
+
+def test_bf16_training_follows_the_fp32_loss_curve():
+    split = _split(300)
+    cfg = dict(max_steps=60, max_tokens=256, lr=3e-3, warmup_steps=10, valid_every=20,
+               log_every=10)
+    fp32 = train(_model(dropout=0.1), split, split, TrainerConfig(**cfg), seed=3, device=CPU)
+    bf16 = train(_model(dropout=0.1), split, split, TrainerConfig(precision="bf16", **cfg), seed=3,
+                 device=CPU)
+    for a, b in zip(fp32.history, bf16.history):
+        assert b["valid/loss"] == pytest.approx(a["valid/loss"], rel=0.05)
+    assert bf16.history[-1]["valid/loss"] < bf16.history[0]["valid/loss"] - 0.1  # it learns
+    assert all(p.dtype == torch.float32 for p in _model().parameters())  # fp32 master weights
