@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.heads-lab-installed
 ARGS ?=
 
-.PHONY: install demo test test-slow lint clean clean-outputs
+.PHONY: install demo test test-slow lint bench clean clean-outputs
 
 install: $(STAMP)
 
@@ -27,6 +27,9 @@ test: install  ## unit + integration tests, without the slow ones
 
 test-slow: install
 	$(BIN)/python -m pytest -q -m slow tests $(ARGS)
+
+bench: install  ## the speed table and its targets (a few minutes; writes bench.json)
+	$(BIN)/heads-lab bench $(ARGS)
 
 lint: install
 	$(BIN)/ruff check heads_lab tests scripts

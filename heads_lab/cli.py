@@ -23,6 +23,8 @@ commands:
   info     what a config costs (parameters, FLOPs per token, attention memory), without data
            or training; comma lists compare configs side by side (--json for JSON)
            e.g. heads-lab info model.heads=1,8,32
+  bench    training and decoding speed side by side (MHA at h = 1..32, talking heads,
+           multi-query, bf16, torch.nn.Transformer), MFU, memory; --depth: Liu et al. curves
 
 `heads-lab <command> --help` shows the command's config groups and keys.
 """
@@ -258,7 +260,14 @@ def info_command(args: list[str]) -> int:
     return 0
 
 
-COMMANDS: dict[str, Callable[[list[str]], int]] = {"train": train_command, "info": info_command}
+def bench_command(args: list[str]) -> int:
+    from heads_lab.bench import main as bench_main
+
+    return bench_main(args)
+
+
+COMMANDS: dict[str, Callable[[list[str]], int]] = {
+    "train": train_command, "info": info_command, "bench": bench_command}
 
 
 if __name__ == "__main__":

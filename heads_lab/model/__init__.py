@@ -6,11 +6,11 @@ from heads_lab.model.attention import (
     TalkingHeadsAttention,
     reorder_cache,
 )
+from heads_lab.model.loss import label_smoothed_loss, output_loss
 from heads_lab.model.transformer import (
     Encoded,
     Transformer,
     count_parameters,
-    label_smoothed_loss,
 )
 
 __all__ = [
@@ -21,5 +21,6 @@ __all__ = [
     "Transformer",
     "count_parameters",
     "label_smoothed_loss",
+    "output_loss",
     "reorder_cache",
 ]

@@ -19,7 +19,8 @@ from torch import Tensor, nn
 
 from heads_lab.model.dropout import dropout
 
-# One layer's incremental-decoding state: {"k": Tensor, "v": Tensor} [batch, heads, key, head_dim].
+# One layer's incremental-decoding state: {"k": Tensor, "v": Tensor} [batch, heads, key, head_dim]
+# (self-attention: views of "buffer_k" / "buffer_v", which have room to grow).
 KVCache = dict[str, Tensor]
 
 
@@ -65,10 +66,7 @@ class Attention(nn.Module):
             q, k, v = F.linear(x, self.in_proj.weight, self.in_proj.bias).split(self.sizes, -1)
             q, k, v = self._heads(q, self.q_heads), self._heads(k, self.k_heads), self._heads(v, self.v_heads)
             if cache is not None:
-                if "k" in cache:
-                    k = torch.cat([cache["k"], k], dim=2)
-                    v = torch.cat([cache["v"], v], dim=2)
-                cache["k"], cache["v"] = k, v
+                k, v = _append(cache, "k", k), _append(cache, "v", v)
             return q, k, v
         w, b = self.in_proj.weight, self.in_proj.bias
         q = self._heads(F.linear(x, w[:q_size], b[:q_size]), self.q_heads)
@@ -76,8 +74,9 @@ class Attention(nn.Module):
             return q, cache["k"], cache["v"]
         k, v = F.linear(memory, w[q_size:], b[q_size:]).split(self.sizes[1:], -1)
         k, v = self._heads(k, self.k_heads), self._heads(v, self.v_heads)
-        if cache is not None:
-            cache["k"], cache["v"] = k, v
+        if cache is not None:  # contiguous once, so no later step copies them
+            cache["k"], cache["v"] = k.contiguous(), v.contiguous()
+            return q, cache["k"], cache["v"]
         return q, k, v
 
     def _heads(self, x: Tensor, heads: int) -> Tensor:
@@ -105,7 +104,9 @@ class MultiHeadAttention(Attention):
     def attend(self, q, k, v, mask, causal: bool, need_weights: bool):
         p = self.dropout if self.training else 0.0
         grouped = self.k_heads != self.q_heads
-        if not need_weights and not _matmul_is_faster(q):
+        if not need_weights:
+            if _bmm_is_faster(q, k):
+                return _bmm_attention(q, k, v, mask, causal, p), None
             # fused kernel; never materialises [batch, heads, query, key]
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
                                                is_causal=causal, enable_gqa=grouped)
@@ -116,7 +117,7 @@ class MultiHeadAttention(Attention):
         logits = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(self.head_dim)
         # logits [batch, heads, query, key]
         weights = _masked_softmax(logits, mask, causal)
-        return torch.matmul(dropout(weights, p, True), v), (weights if need_weights else None)
+        return torch.matmul(dropout(weights, p, True), v), weights
 
 
 class TalkingHeadsAttention(Attention):
@@ -166,10 +167,38 @@ def _mix_init(rows: int, cols: int) -> Tensor:
     return mix
 
 
-def _matmul_is_faster(q: Tensor) -> bool:
-    """Under bf16 on CPU, PyTorch's fused attention backward is ~7× slower than in fp32, while
-    bf16 matmuls with an fp32 softmax beat both (2.5 vs 4 ms fwd+bwd at 64×8×20×32 here)."""
-    return q.dtype == torch.bfloat16 and q.device.type == "cpu"
+CPU_BMM_MAX_KEYS = 512
+
+
+def _bmm_is_faster(q: Tensor, k: Tensor) -> bool:
+    """On CPU, at translation lengths, two batched matmuls beat PyTorch's fused attention kernel:
+    fwd+bwd at 64×8×20×32, 4.0 vs 9.5 ms in fp32, and under bf16 its backward is ~7× slower
+    still. Past CPU_BMM_MAX_KEYS keys the fused kernel's memory saving wins."""
+    return q.device.type == "cpu" and k.shape[2] <= CPU_BMM_MAX_KEYS
+
+
+def _bmm_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
+                   p: float) -> Tensor:
+    """softmax(q·kᵀ/√d + bias)·v with heads folded into the batch: one baddbmm adds the mask as
+    a -inf bias and applies the scale, the softmax runs in at least fp32, one bmm applies it.
+    Query heads sharing a key/value head (grouped / multi-query) are stacked along the query
+    axis, so shared keys and values are never repeated. q [batch, heads, n, d], k and v
+    [batch, kv_heads, m, d], mask [batch, 1, 1, m] → o [batch, heads, n, d]."""
+    b, h, n, d = q.shape
+    kv, m = k.shape[1], k.shape[2]
+    g = h // kv
+    bias = q.new_zeros(())  # 0 and -inf are exact in any float dtype
+    if mask is not None:  # key padding, [batch, 1, 1, m] → [batch · kv, 1, m]
+        pad = q.new_zeros(mask.shape)
+        bias = pad.masked_fill_(~mask, float("-inf")).expand(b, kv, 1, m).reshape(b * kv, 1, m)
+    if causal:  # query i (in each stacked group) sees keys ≤ i + m - n
+        future = q.new_full((n, m), float("-inf")).triu(m - n + 1)
+        bias = bias + (future.repeat(g, 1) if g > 1 else future)
+    keys = k.reshape(b * kv, m, d).transpose(1, 2)
+    scores = torch.baddbmm(bias, q.reshape(b * kv, g * n, d), keys, alpha=d**-0.5)
+    weights = scores.softmax(dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
+    weights = dropout(weights, p, True).to(v.dtype) if p else weights.to(v.dtype)
+    return torch.bmm(weights, v.reshape(b * kv, m, d)).view(b, h, n, d)
 
 
 def _masked_softmax(logits: Tensor, mask: Tensor | None, causal: bool, inplace: bool = False):
@@ -185,9 +214,30 @@ def _masked_softmax(logits: Tensor, mask: Tensor | None, causal: bool, inplace: 
     return logits.softmax(dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
 
 
+def _append(cache: KVCache, key: str, new: Tensor) -> Tensor:
+    """Self-attention cache: append `new` [batch, heads, n, head_dim] along the key axis and
+    return the whole [batch, heads, t + n, head_dim]. Positions go into a buffer with spare
+    capacity (doubled when full), so a step writes only its own keys instead of copying all
+    earlier ones (torch.cat); the cache entry is a view of the buffer's first t + n positions."""
+    old = cache.get(key)
+    t = 0 if old is None else old.shape[2]
+    end = t + new.shape[2]
+    buf = cache.get(f"buffer_{key}")
+    if buf is None or buf.shape[2] < end:
+        b, h, _, d = new.shape
+        grown = new.new_empty(b, h, max(16, 2 * end), d)
+        if old is not None:
+            grown[:, :, :t] = old
+        buf = cache[f"buffer_{key}"] = grown
+    buf[:, :, t:end] = new
+    cache[key] = buf[:, :, :end]
+    return cache[key]
+
+
 def reorder_cache(caches: list[KVCache], order: Tensor) -> None:
     """Beam search: row i of every self-attention cache becomes row order[i]."""
     for cache in caches:
         for key in ("k", "v"):
             if key in cache:
                 cache[key] = cache[key].index_select(0, order)
+                cache.pop(f"buffer_{key}", None)  # the next append starts a new buffer

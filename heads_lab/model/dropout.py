@@ -5,6 +5,10 @@ of a training step here. This draws one 64-bit number per four elements and spli
 15-bit lanes (the low 15 bits of each 16-bit lane of a uniform value in [0, 2^63) are uniform),
 keeping an element when its lane is ≥ round(p · 2^15): p is exact to 1/32768. It uses torch's
 generator, so a seed fixes the masks. On GPUs torch's own fused kernel is used.
+
+The mask is applied by a small autograd function that keeps it as a 0/1 tensor of x's dtype for
+the backward pass: multiplying by a bool mask made autograd convert it on every use (a copy in
+the forward and again in the backward). The result is bit-identical to x * mask * scale.
 """
 
 from __future__ import annotations
@@ -16,12 +20,15 @@ from torch import Tensor
 LANES, SCALE = 4, 1 << 15
 
 
-def keep_mask(shape: torch.Size, p: float, device: torch.device) -> Tensor:
-    """A bool mask of `shape`, each element True with probability 1 - p (to 1/32768)."""
+def keep_mask(shape: torch.Size, p: float, device: torch.device,
+              dtype: torch.dtype = torch.bool) -> Tensor:
+    """A mask of `shape`, each element 1 (True) with probability 1 - p (to 1/32768), else 0;
+    written straight into `dtype` (the comparison fills a float tensor with no extra copy)."""
     n = shape.numel()
     draws = torch.empty((n + LANES - 1) // LANES, dtype=torch.int64, device=device).random_()
     lanes = draws.view(torch.int16)[:n] & 0x7FFF
-    return (lanes >= round(p * SCALE)).view(shape)
+    out = torch.empty(shape, dtype=dtype, device=device)
+    return torch.ge(lanes.view(shape), round(p * SCALE), out=out)
 
 
 def dropout(x: Tensor, p: float, training: bool) -> Tensor:
@@ -30,4 +37,21 @@ def dropout(x: Tensor, p: float, training: bool) -> Tensor:
         return x
     if x.device.type != "cpu":
         return F.dropout(x, p, True)
-    return x * keep_mask(x.shape, p, x.device) * (1.0 / (1.0 - p))
+    return _ApplyMask.apply(x, keep_mask(x.shape, p, x.device, x.dtype), 1.0 / (1.0 - p))
+
+
+class _ApplyMask(torch.autograd.Function):
+    """y = x · mask · scale with the 0/1 mask (x's dtype: exact in any float dtype) saved for
+    the backward pass, and the scale applied in place as a scalar (so bf16 keeps the exact
+    1 / (1 - p))."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, mask: Tensor, scale: float) -> Tensor:
+        ctx.save_for_backward(mask)
+        ctx.scale = scale
+        return (x * mask).mul_(scale)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (mask,) = ctx.saved_tensors
+        return (grad * mask).mul_(ctx.scale), None, None

@@ -18,6 +18,7 @@ from heads_lab.model.attention import (
     TalkingHeadsAttention,
 )
 from heads_lab.model.dropout import dropout
+from heads_lab.model.loss import label_smoothed_loss, output_loss
 
 
 def sinusoids(length: int, dim: int) -> Tensor:
@@ -168,6 +169,14 @@ class Transformer(nn.Module):
     def logits(self, hidden: Tensor) -> Tensor:
         return F.linear(hidden, self.embed.weight)  # tied output projection: [..., vocab]
 
+    def loss(self, hidden: Tensor, target: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+        """Summed label-smoothed loss and summed NLL of the output layer on hidden [tokens,
+        d_model]. Training takes the fused, chunked path (`output_loss`): no [tokens, vocab]
+        tensor is kept, and the NLL is for logging only (no gradient)."""
+        if torch.is_grad_enabled() and (hidden.requires_grad or self.embed.weight.requires_grad):
+            return output_loss(hidden, self.embed.weight, target, eps)
+        return label_smoothed_loss(self.logits(hidden), target, eps)
+
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         return self.logits(self.decode(tgt_in, self.encode(src)))
 
@@ -178,15 +187,6 @@ class Transformer(nn.Module):
             "dec-self": [layer.self_weights for layer in self.decoder],
             "dec-enc": [layer.cross_weights for layer in self.decoder],
         }
-
-
-def label_smoothed_loss(logits: Tensor, target: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    """Summed label-smoothed cross entropy and summed NLL over the rows of logits [tokens, vocab]
-    (padding already removed), from one log-softmax; equals F.cross_entropy(label_smoothing=eps)."""
-    lprobs = logits.to(torch.promote_types(logits.dtype, torch.float32)).log_softmax(dim=-1)
-    nll = -lprobs.gather(-1, target[:, None]).squeeze(-1)
-    smooth = -lprobs.mean(dim=-1)
-    return ((1.0 - eps) * nll + eps * smooth).sum(), nll.sum()
 
 
 def count_parameters(model: Transformer) -> dict[str, int]:

@@ -111,3 +111,45 @@ def test_head_dim_sets_attention_parameters():
         counts = count_parameters(Transformer(ModelConfig(d_model=d, heads=heads, head_dim=dk), 50))
         inner = heads * dk
         assert counts["attention"] == 9 * (4 * inner * d + 3 * inner + d)  # 3 + 2·3 modules
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2, 8])
+@pytest.mark.parametrize("case", ["padded", "causal", "padded-causal", "cross"])
+def test_cpu_bmm_attention_equals_torch_sdpa_in_float64(case, kv_heads):
+    """The CPU path (heads folded into the batch, mask as a baddbmm bias, grouped query heads
+    stacked on the query axis) against PyTorch's own scaled_dot_product_attention."""
+    import torch.nn.functional as F
+
+    from heads_lab.model.attention import _bmm_attention
+
+    torch.manual_seed(4)
+    b, h, n, d = 3, 8, 5, 4
+    m = 7 if case == "cross" else n
+    q = torch.randn(b, h, n, d, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(b, kv_heads, m, d, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(b, kv_heads, m, d, dtype=torch.float64, requires_grad=True)
+    mask = None if case == "causal" else ~_padding([m, 2, m - 3], m)[:, None, None, :]
+    causal = "causal" in case
+    ours = _bmm_attention(q, k, v, mask, causal, 0.0)
+    bias = None
+    if mask is not None or causal:
+        bias = torch.ones(b, 1, n, m, dtype=torch.bool)
+        if mask is not None:
+            bias = bias & mask
+        if causal:
+            bias = bias & torch.ones(n, m, dtype=torch.bool).tril()
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=kv_heads != h)
+    torch.testing.assert_close(ours, ref)
+    g = torch.randn_like(ours)
+    grads = torch.autograd.grad(ours, (q, k, v), g)
+    ref_grads = torch.autograd.grad(ref, (q, k, v), g)
+    for a, r in zip(grads, ref_grads):
+        torch.testing.assert_close(a, r)
+
+
+def test_long_key_sequences_use_the_fused_kernel_on_cpu():
+    from heads_lab.model.attention import CPU_BMM_MAX_KEYS, _bmm_is_faster
+
+    q = torch.zeros(1, 1, 1, 4)
+    assert _bmm_is_faster(q, torch.zeros(1, 1, CPU_BMM_MAX_KEYS, 4))
+    assert not _bmm_is_faster(q, torch.zeros(1, 1, CPU_BMM_MAX_KEYS + 1, 4))

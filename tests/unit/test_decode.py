@@ -79,3 +79,11 @@ def test_wide_beam_finds_the_exhaustive_best(lenpen):
                 scored.append((lp / ((5 + n + 1) / 6) ** lenpen, list(tokens)))
         top_score, top = max(scored)
         assert found == top, (found, top, top_score)
+
+
+def test_min_len_holds_back_eos():
+    model, src = _model(), _src()
+    for out in greedy(model, src, 12, min_len=6) + beam_search(model, src, 3, 0.6, 12, min_len=6):
+        assert len(out) >= 6
+    fixed = greedy(model, src, 9, min_len=8)
+    assert all(len(o) == 8 for o in fixed)  # min_len = max_len - 1: every output exactly that long

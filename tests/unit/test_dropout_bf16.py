@@ -23,6 +23,16 @@ def test_keep_rate_is_one_minus_p(p):
     assert torch.allclose(lanes, torch.full((4,), 1 - p), atol=0.004)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_keep_mask_in_a_float_dtype_is_the_bool_mask_as_zeros_and_ones(dtype):
+    torch.manual_seed(5)
+    as_bool = keep_mask(torch.Size([33, 17]), 0.3, CPU)
+    torch.manual_seed(5)
+    as_float = keep_mask(torch.Size([33, 17]), 0.3, CPU, dtype)
+    assert as_float.dtype == dtype
+    assert torch.equal(as_float, as_bool.to(dtype))
+
+
 def test_dropout_scales_masks_and_is_seeded():
     x = torch.ones(400, 500, requires_grad=True)
     torch.manual_seed(3)

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from heads_lab.config import ModelConfig, Norm
-from heads_lab.model import Transformer, label_smoothed_loss
+from heads_lab.model import Transformer, label_smoothed_loss, output_loss
 
 V = 40
 
@@ -61,6 +61,38 @@ def test_label_smoothed_loss_matches_torch_cross_entropy():
     torch.testing.assert_close(nll, F.cross_entropy(logits, target, reduction="sum"))
 
 
+@pytest.mark.parametrize("use", ["loss", "nll", "both"])
+def test_label_smoothed_loss_gradient_matches_autograd_in_float64(use):
+    """The hand-written backward against autograd through torch's own cross entropy."""
+    torch.manual_seed(1)
+    logits = torch.randn(40, V, dtype=torch.float64, requires_grad=True)
+    target = torch.randint(0, V, (40,))
+    target[:5] = target[5]  # repeated targets: the scatter must add, not overwrite
+    w_loss, w_nll = {"loss": (0.7, 0.0), "nll": (0.0, 1.3), "both": (0.7, 1.3)}[use]
+
+    def total(loss, nll):
+        return (w_loss * loss if w_loss else 0) + (w_nll * nll if w_nll else 0)
+
+    ours = torch.autograd.grad(total(*label_smoothed_loss(logits, target, 0.1)), logits)[0]
+    ref = torch.autograd.grad(total(
+        F.cross_entropy(logits, target, label_smoothing=0.1, reduction="sum"),
+        F.cross_entropy(logits, target, reduction="sum")), logits)[0]
+    torch.testing.assert_close(ours, ref)
+
+
+def test_label_smoothed_loss_keeps_the_logits_dtype_for_the_gradient():
+    torch.manual_seed(2)
+    logits = torch.randn(8, V, dtype=torch.bfloat16, requires_grad=True)
+    target = torch.randint(0, V, (8,))
+    loss, _ = label_smoothed_loss(logits, target, 0.1)
+    assert loss.dtype == torch.float32  # computed in fp32 from bf16 logits
+    loss.backward()
+    assert logits.grad.dtype == torch.bfloat16
+    up = logits.detach().float().requires_grad_()
+    F.cross_entropy(up, target, label_smoothing=0.1, reduction="sum").backward()
+    torch.testing.assert_close(logits.grad.float(), up.grad, atol=1e-2, rtol=1e-2)
+
+
 def test_attention_weights_per_head_are_distributions():
     model = _model(heads=4)
     src = torch.randint(4, V, (2, 6))
@@ -84,3 +116,45 @@ def test_tied_output_projection_and_zero_pad_embedding():
     logits = model.logits(torch.ones(1, 32, dtype=torch.float64))
     torch.testing.assert_close(logits[0], model.embed.weight.sum(-1))
     assert torch.all(Transformer(ModelConfig(d_model=16, heads=2), 30).embed.weight[0] == 0)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 40, 1000])  # chunks of one row, ragged, exact, one
+def test_fused_output_loss_matches_logits_then_cross_entropy_in_float64(chunk):
+    torch.manual_seed(3)
+    hidden = torch.randn(40, 16, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(V, 16, dtype=torch.float64, requires_grad=True)
+    target = torch.randint(0, V, (40,))
+    loss, nll = output_loss(hidden, weight, target, 0.1, chunk=chunk)
+    (0.3 * loss).backward()
+    ref_h = hidden.detach().clone().requires_grad_()
+    ref_w = weight.detach().clone().requires_grad_()
+    logits = ref_h @ ref_w.t()
+    ref = F.cross_entropy(logits, target, label_smoothing=0.1, reduction="sum")
+    (0.3 * ref).backward()
+    torch.testing.assert_close(loss, ref)
+    torch.testing.assert_close(nll, F.cross_entropy(logits, target, reduction="sum"))
+    torch.testing.assert_close(hidden.grad, ref_h.grad)
+    torch.testing.assert_close(weight.grad, ref_w.grad)
+    assert not nll.requires_grad
+
+
+def test_model_loss_trains_through_the_fused_path_like_the_plain_one_under_bf16():
+    """Model.loss (fused, chunked) against logits + label_smoothed_loss, fp32 and bf16."""
+    from heads_lab.train import autocast
+
+    torch.manual_seed(4)
+    model = _model(heads=4).float()
+    src, tgt = torch.randint(4, V, (3, 6)), torch.randint(4, V, (3, 5))
+    target = torch.randint(4, V, (15,))
+    for precision, tol in (("fp32", 1e-5), ("bf16", 3e-2)):
+        grads = []
+        for fused in (True, False):
+            model.zero_grad()
+            with autocast(torch.device("cpu"), precision):
+                hidden = model.decode(tgt, model.encode(src)).reshape(15, -1)
+                loss, _ = (model.loss(hidden, target, 0.1) if fused else
+                           label_smoothed_loss(model.logits(hidden), target, 0.1))
+            loss.backward()
+            grads.append(torch.cat([p.grad.flatten().float() for p in model.parameters()]))
+            assert loss.dtype == torch.float32
+        torch.testing.assert_close(grads[0], grads[1], atol=tol, rtol=tol)

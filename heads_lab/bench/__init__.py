@@ -1,0 +1,131 @@
+"""Benchmarks: `heads-lab bench` (the speed table and its targets) and `heads-lab bench --depth`
+(Liu et al.'s shallow multi-head vs deep single-head cost curves). They print tables and write
+JSON (and a PNG); nothing in `make test` asserts a speed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from heads_lab.errors import ConfigError
+
+USAGE = "heads-lab bench [--quick] [--depth] [--steps N] [--json FILE] [--png FILE] [model.KEY=VALUE ...]"
+
+
+def main(args: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="heads-lab bench", usage=USAGE, description=__doc__)
+    parser.add_argument("overrides", nargs="*", help="model settings, e.g. model.d_model=512")
+    parser.add_argument("--steps", type=int, default=10, help="measured steps per variant (≥ 10)")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="fewer variants, no peak memory")
+    parser.add_argument("--depth", action="store_true", help="Liu et al. shallow vs deep curves")
+    parser.add_argument("--json", default="bench.json", help="where to write the numbers")
+    parser.add_argument("--png", default="bench_depth.png", help="--depth: the plot")
+    opts = parser.parse_args(args)
+    model = _model(opts.overrides)
+    from rich.console import Console
+
+    console = Console()
+    if not console.is_terminal:  # piped or captured: room for the whole table, unwrapped
+        console = Console(width=150)
+    if opts.depth:
+        from heads_lab.bench import depth
+
+        result = depth.run(model, log=console.print)
+        depth.plot(result, Path(opts.png))
+        console.print(_depth_table(result))
+        console.print(f"plot: {opts.png}")
+    else:
+        from heads_lab.bench import suite
+
+        result = suite.run(model, steps=opts.steps, warmup=opts.warmup, quick=opts.quick,
+                           peak=not opts.quick, log=console.print)
+        console.print(_table(result))
+        console.print(_targets(result))
+    Path(opts.json).write_text(json.dumps(result, indent=2, default=str))
+    console.print(f"numbers: {opts.json}")
+    return 0
+
+
+def _model(overrides: list[str]):
+    """The bench's small config (d_model 256, 3+3, d_ff 1024, dropout 0.1) with `model.*` overrides."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from heads_lab.bench.suite import BASE
+    from heads_lab.config import validate
+    from heads_lab.schemas import ModelConfig, RunConfig
+
+    bad = [o for o in overrides if not o.startswith("model.") or "=" not in o]
+    if bad:
+        raise ConfigError(f"bench takes model.KEY=VALUE overrides only, not {bad[0]!r}")
+    try:
+        cfg = OmegaConf.merge(OmegaConf.structured(ModelConfig(**BASE)),
+                              OmegaConf.from_dotlist([o.removeprefix("model.") for o in overrides]))
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"bad bench override: {str(err).splitlines()[0]}") from None
+    model = OmegaConf.to_object(cfg)
+    run = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RunConfig), {
+        "model": OmegaConf.structured(model), "data": {"name": "synthetic"},
+        "trainer": {}, "eval": {}, "logger": {}}))
+    validate(run)
+    return model
+
+
+def _table(result: dict):
+    from rich.table import Table
+
+    rows = {r["name"]: r for r in result["rows"]}
+    ref = rows["torch.nn.Transformer h=8"]["tokens_per_s"]
+    mha8 = rows["mha h=8"]["tokens_per_s"]
+    w = result["workload"]
+    table = Table(title=f"heads-lab bench: {w['batch']} pairs × {w['length']} tokens, vocab "
+                  f"{w['vocab']}, {result['threads']} threads; median of {result['steps']} steps "
+                  f"after {result['warmup']}; ceilings fp32 {result['ceilings']['fp32']:.0f} / bf16 "
+                  f"{result['ceilings']['bf16']:.0f} GFLOP/s", title_justify="left")
+    for col in ("variant", "tok/s", "× torch", "× mha8", "GFLOP/s", "MFU", "peak MB",
+                "greedy s/s", "beam4 s/s"):
+        table.add_column(col, justify="left" if col == "variant" else "right",
+                         no_wrap=col == "variant")
+    for r in result["rows"]:
+        greedy = r.get("greedy", r.get("greedy_uncached"))
+        beam = r.get("beam4", r.get("beam4_uncached"))
+        table.add_row(
+            r["name"] + (" (no cache)" if "greedy" not in r and greedy else ""),
+            f"{r['tokens_per_s']:,.0f}", f"{r['tokens_per_s'] / ref:.2f}",
+            f"{r['tokens_per_s'] / mha8:.2f}", f"{r['gflops_per_s']:.0f}", f"{r['mfu']:.0%}",
+            f"{r['peak_mb']:,.0f}" if "peak_mb" in r else "-",
+            f"{greedy:,.0f}" if greedy else "-", f"{beam:,.0f}" if beam else "-")
+    m = rows["mha h=8"]
+    if "greedy_uncached" in m:
+        table.caption = (f"mha h=8 decoding without the cache: greedy {m['greedy_uncached']:,.0f}, "
+                         f"beam4 {m['beam4_uncached']:,.0f} sentences/s")
+    return table
+
+
+def _targets(result: dict):
+    from rich.table import Table
+
+    table = Table(title="targets", title_justify="left")
+    for col in ("target", "measured", "met"):
+        table.add_column(col)
+    for name, value, met in result["targets"]:
+        table.add_row(name, value, "-" if met is None else ("yes" if met else "NO"))
+    return table
+
+
+def _depth_table(result: dict):
+    from rich.table import Table
+
+    table = Table(title="shallow multi-head vs deep single-head (fp32)", title_justify="left")
+    for col in ("axis", "value", "shallow tok/s", "deep tok/s", "deep/shallow", "shallow MB",
+                "deep MB"):
+        table.add_column(col, justify="right")
+    pts = {(p["axis"], p["value"], p["model"]): p for p in result["points"]}
+    for axis, value in sorted({(p["axis"], p["value"]) for p in result["points"]}):
+        s, d = pts[(axis, value, "shallow")], pts[(axis, value, "deep")]
+        table.add_row(axis, str(value), f"{s['tokens_per_s']:,.0f}", f"{d['tokens_per_s']:,.0f}",
+                      f"{d['tokens_per_s'] / s['tokens_per_s']:.2f}", f"{s['peak_mb']:,.0f}",
+                      f"{d['peak_mb']:,.0f}")
+    return table

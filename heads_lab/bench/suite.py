@@ -1,0 +1,121 @@
+"""`heads-lab bench`: the standard speed table and its targets, in one run.
+
+At the small config (d_model 256, 3+3 layers, d_ff 1024, vocab 8000, 64 pairs × 20 tokens,
+dropout 0.1, Adam) plus any `model.*` overrides: training tokens/s, GFLOP/s and MFU against this
+machine's measured matmul ceiling, peak memory, and decoding sentences/s (greedy and beam 4, with
+and without the key/value cache) for multi-head attention at h ∈ {1, 2, 4, 8, 16, 32}, talking
+heads at 8 and 32, multi-query (kv_heads=1), bf16 autocast, and torch.nn.Transformer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import torch
+
+from heads_lab.bench.measure import (
+    Variant,
+    Workload,
+    decode_throughput,
+    matmul_ceiling,
+    peak_memory_mb,
+    train_throughput,
+)
+from heads_lab.schemas import AttentionKind, ModelConfig
+
+BASE = dict(d_model=256, d_ff=1024, encoder_layers=3, decoder_layers=3, dropout=0.1)
+
+
+def variants(model: ModelConfig, quick: bool = False) -> list[Variant]:
+    def with_(**kw) -> ModelConfig:
+        return dataclasses.replace(model, **kw)
+
+    heads = (1, 8, 32) if quick else (1, 2, 4, 8, 16, 32)
+    out = [Variant("torch.nn.Transformer h=8", with_(heads=8), baseline=True)]
+    out += [Variant(f"mha h={h}", with_(heads=h)) for h in heads]
+    out += [Variant(f"talking_heads h={h}", with_(heads=h, attention=AttentionKind.talking_heads))
+            for h in (8, 32)]
+    out += [Variant("mha h=8 kv_heads=1", with_(heads=8, kv_heads=1)),
+            Variant("mha h=8 bf16", with_(heads=8), precision="bf16"),
+            Variant("talking_heads h=8 bf16", with_(heads=8, attention=AttentionKind.talking_heads),
+                    precision="bf16")]
+    return out
+
+
+def run(model: ModelConfig, steps: int = 10, warmup: int = 3, quick: bool = False,
+        peak: bool = True, decode: bool = True, log=print) -> dict:
+    """Measure everything; returns {'rows': [...], 'ceilings': ..., 'padding': ..., 'targets': ...}."""
+    work = Workload()
+    ceilings = {"fp32": matmul_ceiling(torch.float32), "bf16": matmul_ceiling(torch.bfloat16)}
+    log(f"matmul ceilings (GFLOP/s): fp32 {ceilings['fp32']:.0f}, bf16 {ceilings['bf16']:.0f}")
+    vs = variants(model, quick)
+    log(f"training {len(vs)} variants, taking turns: {warmup} warm-up + {steps} measured steps")
+    rows = train_throughput(vs, work, steps=steps, warmup=warmup)
+    for row, v in zip(rows, vs):
+        row["mfu"] = row["gflops_per_s"] / ceilings[v.precision]
+        if peak:
+            row["peak_mb"] = peak_memory_mb(v, work)
+        if decode:
+            caches = (False,) if v.baseline else (True, False) if v.name == "mha h=8" else (True,)
+            for use_cache in caches:
+                suffix = "" if use_cache else "_uncached"
+                row[f"greedy{suffix}"], g = decode_throughput(v, work, 1, use_cache)
+                row[f"beam4{suffix}"], b = decode_throughput(v, work, 4, use_cache)
+                row[f"outputs{suffix}"] = (g, b)
+        log(f"  {row['name']}: {row['tokens_per_s']:,.0f} tok/s")
+    by = {r["name"]: r for r in rows}
+    if decode:
+        mha = by["mha h=8"]
+        mha["cache_identical"] = mha.pop("outputs") == mha.pop("outputs_uncached")
+    for r in rows:
+        r.pop("outputs", None)
+        r.pop("outputs_uncached", None)
+    padding = multi30k_padding()
+    return {"rows": rows, "ceilings": ceilings, "padding": padding,
+            "targets": targets(by, padding, decode), "threads": torch.get_num_threads(),
+            "workload": dataclasses.asdict(work), "steps": steps, "warmup": warmup}
+
+
+def multi30k_padding(max_tokens: int = 4096) -> float | None:
+    """Padding fraction of length-bucketed Multi30k training batches (None without the data)."""
+    root = Path(os.environ.get("HEADS_LAB_DATA", "/nonexistent"))
+    if not any((r / "train.de.gz").is_file() or (r / "train.de").is_file()
+               for r in (root, root / "multi30k")):
+        return None
+    from heads_lab.config import cache_dir
+    from heads_lab.data import prepare
+    from heads_lab.data.batching import epoch_batches, padding_fraction
+    from heads_lab.schemas import CleaningConfig, Multi30kDataConfig, PathsConfig
+
+    corpus = prepare(Multi30kDataConfig(cleaning=CleaningConfig(max_ratio=None)),
+                     cache_dir(PathsConfig()))
+    train = corpus.splits["train"]
+    return padding_fraction(train, epoch_batches(train, max_tokens, seed=1, epoch=0))
+
+
+def targets(by: dict, padding: float | None, decode: bool) -> list[tuple[str, str, bool | None]]:
+    """(target, measured, met) for each target of the speed issue."""
+    mha, torch_tf = by["mha h=8"], by["torch.nn.Transformer h=8"]
+    out = [
+        ("fp32 h=8 ≥ 1.3× torch.nn.Transformer", f"{mha['tokens_per_s'] / torch_tf['tokens_per_s']:.2f}×",
+         mha["tokens_per_s"] >= 1.3 * torch_tf["tokens_per_s"]),
+        ("fp32 h=8 MFU ≥ 50 %", f"{mha['mfu']:.0%}", mha["mfu"] >= 0.5),
+        ("bf16 ≥ 1.4× fp32 (h=8)", f"{by['mha h=8 bf16']['tokens_per_s'] / mha['tokens_per_s']:.2f}×",
+         by["mha h=8 bf16"]["tokens_per_s"] >= 1.4 * mha["tokens_per_s"]),
+    ]
+    for h, goal in ((8, 0.85), (32, 0.7)):
+        th, base = by.get(f"talking_heads h={h}"), by.get(f"mha h={h}")
+        if th and base:
+            ratio = th["tokens_per_s"] / base["tokens_per_s"]
+            out.append((f"talking heads h={h} ≥ {goal}× mha", f"{ratio:.2f}×", ratio >= goal))
+    if decode:
+        for mode in ("greedy", "beam4"):
+            ratio = mha[mode] / mha[f"{mode}_uncached"]
+            out.append((f"{mode} with cache ≥ 3× without", f"{ratio:.1f}×", ratio >= 3))
+        out.append(("cached outputs identical to uncached", str(mha["cache_identical"]),
+                    mha["cache_identical"]))
+    out.append(("Multi30k padding < 10 %", "n/a (no Multi30k under $HEADS_LAB_DATA)" if padding is None
+                else f"{padding:.1%}", None if padding is None else padding < 0.10))
+    return out

@@ -1,0 +1,70 @@
+"""The benchmark's pieces (not its speeds): the baseline, the depth pairing, a smoke run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from heads_lab.bench.baseline import TorchTransformer
+from heads_lab.bench.depth import pair
+from heads_lab.bench.measure import Variant, Workload, decode_throughput, train_throughput
+from heads_lab.cost import Lengths, account, parameter_count
+from heads_lab.model import Transformer
+from heads_lab.schemas import ModelConfig
+
+SMALL = ModelConfig(d_model=32, heads=4, d_ff=64, encoder_layers=1, decoder_layers=1)
+
+
+def test_torch_baseline_trains_and_decodes_like_our_model():
+    work = Workload(batch=4, length=6, vocab=50)
+    rows = train_throughput([Variant("torch", SMALL, baseline=True), Variant("ours", SMALL)], work,
+                            steps=2, warmup=1)
+    assert all(r["tokens_per_s"] > 0 for r in rows)
+    rate, out = decode_throughput(Variant("torch", SMALL, baseline=True), work, 2, use_cache=False,
+                                  reps=1)
+    assert rate > 0 and all(len(o) == 6 for o in out)  # EOS held back: fixed-length outputs
+    base = TorchTransformer(SMALL, 50)
+    ours = sum(p.numel() for p in Transformer(SMALL, 50).parameters())
+    assert sum(p.numel() for p in base.parameters()) == ours  # same dims, same parameter count
+
+
+def test_deep_single_head_twin_has_the_same_heads_parameters_and_flops():
+    shallow = ModelConfig(d_model=256, heads=8, d_ff=1024, encoder_layers=3, decoder_layers=3)
+    s, d = pair(shallow)
+    assert (d.heads, d.d_head, d.encoder_layers, d.d_ff) == (1, 32, 24, 128)
+    assert s.heads * s.encoder_layers == d.heads * d.encoder_layers  # same total heads
+    ps, pd = parameter_count(s, 8000), parameter_count(d, 8000)
+    assert pd["attention"] == pytest.approx(ps["attention"], rel=0.01)
+    assert pd["ffn"] == pytest.approx(ps["ffn"], rel=0.01)
+    fs = account(s, 8000, Lengths(20, 20))["flops_per_token"]["train"]
+    fd = account(d, 8000, Lengths(20, 20))["flops_per_token"]["train"]
+    assert fd == pytest.approx(fs, rel=0.01)
+    with pytest.raises(ValueError, match="divisible"):
+        pair(ModelConfig(d_model=24, heads=5, head_dim=4, d_ff=12))
+
+
+def test_bench_command_runs_and_writes_its_targets(tmp_path, monkeypatch):
+    from heads_lab.bench import main
+
+    monkeypatch.setattr("heads_lab.bench.suite.matmul_ceiling", lambda dtype: 100.0)
+    out = tmp_path / "bench.json"
+    assert main(["--quick", "--steps", "1", "--warmup", "0", "--json", str(out),
+                 "model.d_model=32", "model.d_ff=64", "model.encoder_layers=1",
+                 "model.decoder_layers=1"]) == 0
+    result = json.loads(out.read_text())
+    names = {r["name"] for r in result["rows"]}
+    assert {"torch.nn.Transformer h=8", "mha h=8", "talking_heads h=32", "mha h=8 bf16"} <= names
+    mha = next(r for r in result["rows"] if r["name"] == "mha h=8")
+    assert mha["cache_identical"] is True and mha["greedy_uncached"] > 0
+    assert len(result["targets"]) >= 8
+
+
+def test_bench_rejects_other_overrides():
+    from heads_lab.bench import main
+    from heads_lab.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="model.KEY=VALUE overrides only"):
+        main(["trainer.lr=1"])
+    with pytest.raises(ConfigError, match="model.heads=3 does not divide"):
+        main(["model.heads=3"])
