@@ -29,6 +29,7 @@ class Variant:
     precision: str = "fp32"
     baseline: bool = False  # torch.nn.Transformer at the same dims
     times: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)  # per token, every step in order
 
     def build(self, vocab: int) -> torch.nn.Module:
         if self.baseline:
@@ -56,13 +57,15 @@ class Workload:
         return src, tgt_in, tgt_out
 
 
-def train_step(model, opt, precision: str, src, tgt_in, tgt_out, vocab: int) -> None:
+def train_step(model, opt, precision: str, src, tgt_in, tgt_out, vocab: int) -> float:
+    """One Adam step on the batch; returns the label-smoothed loss per target token."""
     with autocast(CPU, precision):
         hidden = model.decode(tgt_in, model.encode(src))
         loss, _ = model.loss(hidden.reshape(-1, hidden.shape[-1]), tgt_out, 0.1)
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
+    return loss.item() / tgt_out.numel()
 
 
 def _optimizer(model, baseline: bool = False) -> torch.optim.Optimizer:
@@ -89,8 +92,9 @@ def train_throughput(variants: list[Variant], work: Workload, steps: int = 10, w
         for v, model, opt in runs:
             for _ in range(per_turn):
                 started = time.perf_counter()
-                train_step(model, opt, v.precision, src, tgt_in, tgt_out, work.vocab)
+                loss = train_step(model, opt, v.precision, src, tgt_in, tgt_out, work.vocab)
                 elapsed = time.perf_counter() - started
+                v.losses.append(loss)
             if i >= warmup:
                 v.times.append(elapsed)
     tokens = work.batch * work.length
@@ -100,7 +104,8 @@ def train_throughput(variants: list[Variant], work: Workload, steps: int = 10, w
         flops = account(v.model, work.vocab, Lengths(work.length, work.length))["flops_per_token"]
         results.append({"name": v.name, "precision": v.precision, "step_s": step_s,
                         "tokens_per_s": tokens / step_s, "flops_per_token": flops["train"],
-                        "gflops_per_s": flops["train"] * tokens / step_s / 1e9})
+                        "gflops_per_s": flops["train"] * tokens / step_s / 1e9,
+                        "losses": v.losses})
     return results
 
 

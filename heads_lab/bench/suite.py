@@ -105,6 +105,11 @@ def targets(by: dict, padding: float | None, decode: bool) -> list[tuple[str, st
         ("bf16 ≥ 1.4× fp32 (h=8)", f"{by['mha h=8 bf16']['tokens_per_s'] / mha['tokens_per_s']:.2f}×",
          by["mha h=8 bf16"]["tokens_per_s"] >= 1.4 * mha["tokens_per_s"]),
     ]
+    fp32_loss, bf16_loss = mha["losses"], by["mha h=8 bf16"]["losses"]
+    gap = max(abs(a - b) / a for a, b in zip(fp32_loss, bf16_loss))
+    out.append((f"bf16 loss curve within 2 % of fp32 ({len(fp32_loss)} steps, same init and batch)",
+                f"max {gap:.2%}; loss {fp32_loss[0]:.2f} → {fp32_loss[-1]:.2f} (bf16 "
+                f"{bf16_loss[-1]:.2f})", gap <= 0.02))
     for h, goal in ((8, 0.85), (32, 0.7)):
         th, base = by.get(f"talking_heads h={h}"), by.get(f"mha h={h}")
         if th and base:

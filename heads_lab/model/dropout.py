@@ -37,21 +37,27 @@ def dropout(x: Tensor, p: float, training: bool) -> Tensor:
         return x
     if x.device.type != "cpu":
         return F.dropout(x, p, True)
-    return _ApplyMask.apply(x, keep_mask(x.shape, p, x.device, x.dtype), 1.0 / (1.0 - p))
+    mask, scale = keep_mask(x.shape, p, x.device, x.dtype), 1.0 / (1.0 - p)
+    if x.dtype in (torch.float32, torch.float64):  # the scale is exact here: fold it into the
+        return _ApplyMask.apply(x, mask.mul_(scale), 1.0)  # mask, one pass less each way
+    return _ApplyMask.apply(x, mask, scale)
 
 
 class _ApplyMask(torch.autograd.Function):
-    """y = x · mask · scale with the 0/1 mask (x's dtype: exact in any float dtype) saved for
-    the backward pass, and the scale applied in place as a scalar (so bf16 keeps the exact
-    1 / (1 - p))."""
+    """y = x · mask · scale with the mask (x's dtype) saved for the backward pass. In fp32/fp64
+    the mask already holds 0 or 1 / (1 - p) (bit-identical to scaling afterwards, since
+    1 · s = s); in bf16 it holds 0/1 and the scale is applied in place as a scalar, so the
+    exact 1 / (1 - p) is kept."""
 
     @staticmethod
     def forward(ctx, x: Tensor, mask: Tensor, scale: float) -> Tensor:
         ctx.save_for_backward(mask)
         ctx.scale = scale
-        return (x * mask).mul_(scale)
+        y = x * mask
+        return y.mul_(scale) if scale != 1.0 else y
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         (mask,) = ctx.saved_tensors
-        return (grad * mask).mul_(ctx.scale), None, None
+        g = grad * mask
+        return (g.mul_(ctx.scale) if ctx.scale != 1.0 else g), None, None
