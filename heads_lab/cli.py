@@ -23,6 +23,9 @@ commands:
   info     what a config costs (parameters, FLOPs per token, attention memory), without data
            or training; comma lists compare configs side by side (--json for JSON)
            e.g. heads-lab info model.heads=1,8,32
+  eval     evaluate a finished or partial run again from its checkpoints (another beam, split
+           or test set; eval.average_last=N averages the last N checkpoints)
+           e.g. heads-lab eval outputs/runs/2026-11-22/14-03-12_model.heads=8 eval.beam=5
   bench    training and decoding speed side by side (MHA at h = 1..32, talking heads,
            multi-query, bf16, torch.nn.Transformer), MFU, memory; --depth: Liu et al. curves
 
@@ -80,8 +83,20 @@ def _run_hydra(task: Callable, command: str, overrides: list[str]) -> int:
     from heads_lab.config import config_dir, register_configs
 
     _refuse_finished_run_dir(overrides)
+    _check_writable_run_dir(overrides)
     if _is_multirun(overrides):
         _check_sweep(overrides)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun: every rank uses rank 0's run dir
+        import datetime
+
+        from heads_lab.errors import ConfigError
+        from heads_lab.parallel import from_env
+
+        if _is_multirun(overrides):
+            raise ConfigError("data-parallel training (torchrun) runs one job; drop -m, or "
+                              "sweep with a launcher that starts one torchrun per job")
+        os.environ["HEADS_LAB_START_TIME"] = from_env().broadcast(
+            datetime.datetime.now().isoformat())
     register_configs()
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let Hydra raise, so we can report in one line
     sys.argv = [f"heads-lab {command}", *overrides]
@@ -91,12 +106,23 @@ def _run_hydra(task: Callable, command: str, overrides: list[str]) -> int:
     _FIXED_OVERRIDES.update(o for o in overrides if "," not in o.split("=", 1)[-1])
     if "--help" in overrides or "-h" in overrides:
         return _hydra_help(entry)
-    entry()
+    try:
+        entry()
+    finally:
+        _leave_process_group()
     if _FAILED_JOBS:
         print(f"error: {len(_FAILED_JOBS)} job(s) of the sweep failed: {'; '.join(_FAILED_JOBS)}",
               file=sys.stderr)
         return 2
     return 0
+
+
+def _leave_process_group() -> None:
+    if "torch" in sys.modules:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def _hydra_help(entry: Callable) -> int:
@@ -128,6 +154,25 @@ def _refuse_finished_run_dir(overrides: list[str]) -> None:
             finished = next(iter(sorted(where.rglob("results.json"))), None) if where.is_dir() else None
             if finished is not None:
                 raise finished_run(finished.parent)
+
+
+def _check_writable_run_dir(overrides: list[str]) -> None:
+    """An explicit run or sweep dir that cannot be created fails in one line before Hydra
+    tries (a path under a file, a read-only or full filesystem)."""
+    from heads_lab.errors import ConfigError
+
+    for item in overrides:
+        if item.startswith(("hydra.run.dir=", "hydra.sweep.dir=")):
+            key, where = item.split("=", 1)
+            path = Path(where)
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+                probe = path / ".write-test"
+                probe.write_bytes(b"")
+                probe.unlink()
+            except OSError as err:
+                raise ConfigError(f"cannot write to {key}={where}: {err.strerror or err}; choose "
+                                  "a writable dir") from None
 
 
 def _check_sweep(overrides: list[str]) -> None:
@@ -198,7 +243,7 @@ def train_task(cfg) -> float | None:
             run, config=to_dict(cfg), run_dir=Path(hydra_cfg.runtime.output_dir),
             overrides=list(hydra_cfg.overrides.task),
         )
-        return results["metrics"].get("valid/loss")  # what Hydra sweepers minimise
+        return results.get("metrics", {}).get("valid/loss")  # what Hydra sweepers minimise
     return None
 
 
@@ -213,9 +258,13 @@ def _user_errors(hydra_cfg):
     from hydra.types import RunMode
 
     from heads_lab.errors import HeadsLabError
+    from heads_lab.train import Preempted
 
     try:
         yield
+    except Preempted as err:  # a stop signal: the whole command stops, resumable, not failed
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(128 + _signal_number(err.signal_name)) from None
     except HeadsLabError as err:
         if os.environ.get("HEADS_LAB_TRACEBACK"):
             raise
@@ -226,6 +275,15 @@ def _user_errors(hydra_cfg):
         job = ",".join(varying) or str(hydra_cfg.job.num)
         print(f"error: job {hydra_cfg.job.num} ({job}): {err}", file=sys.stderr)
         _FAILED_JOBS.append(job)
+
+
+def _signal_number(name: str) -> int:
+    import signal
+
+    try:
+        return signal.Signals[name].value
+    except KeyError:
+        return signal.SIGTERM.value
 
 
 def train_command(args: list[str]) -> int:
@@ -260,6 +318,12 @@ def info_command(args: list[str]) -> int:
     return 0
 
 
+def eval_command(args: list[str]) -> int:
+    from heads_lab.eval_run import main as eval_main
+
+    return eval_main(args)
+
+
 def bench_command(args: list[str]) -> int:
     from heads_lab.bench import main as bench_main
 
@@ -267,7 +331,7 @@ def bench_command(args: list[str]) -> int:
 
 
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
-    "train": train_command, "info": info_command, "bench": bench_command}
+    "train": train_command, "eval": eval_command, "info": info_command, "bench": bench_command}
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ names and types when it composes the config: a typo or `model.heads=abc` fails b
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import hashlib
 import itertools
 import os
@@ -50,6 +51,7 @@ def register_configs() -> None:
     from hydra.core.config_store import ConfigStore
 
     OmegaConf.register_new_resolver("hl_suffix", run_dir_suffix, replace=True)
+    OmegaConf.register_new_resolver("hl_now", lambda fmt: start_time().strftime(fmt), replace=True)
 
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunConfig)
@@ -78,6 +80,18 @@ def run_dir_suffix(override_dirname: str, limit: int = 150) -> str:
         digest = hashlib.sha1(name.encode()).hexdigest()[:8]
         name = f"{name[: limit - 10]}~{digest}"
     return "_" + name
+
+
+_START: list[datetime.datetime] = []
+
+
+def start_time() -> datetime.datetime:
+    """When this command started, for run-dir names: $HEADS_LAB_START_TIME (ISO) when set (the
+    ranks of a data-parallel run share rank 0's, so they share one run dir), else now."""
+    if not _START:
+        given = os.environ.get("HEADS_LAB_START_TIME")
+        _START.append(datetime.datetime.fromisoformat(given) if given else datetime.datetime.now())
+    return _START[0]
 
 
 def compose(overrides: list[str]) -> DictConfig:
@@ -201,6 +215,13 @@ def validate(run: RunConfig) -> None:
     _check(len(t.adam_betas) == 2, "trainer.adam_betas must be two numbers, e.g. [0.9,0.98]")
     _check(t.valid_every >= 1 and t.log_every >= 1, "trainer.valid_every/log_every must be >= 1")
     _check(t.threads is None or t.threads >= 1, f"trainer.threads={t.threads} must be >= 1")
+    _check(e.average_last >= 1, f"eval.average_last={e.average_last} must be >= 1")
+    _check(t.clip_norm >= 0, f"trainer.clip_norm={t.clip_norm} must be >= 0 (0 = no clipping)")
+    _check(t.save_every >= 0, f"trainer.save_every={t.save_every} must be >= 0 (0 = only at the "
+           "end, at each best validation and on a stop signal)")
+    _check(t.keep_last >= 1, f"trainer.keep_last={t.keep_last} must be >= 1")
+    _check(t.resume in ("auto", "never"), f"trainer.resume={t.resume!r}: use auto or never")
+    _check(t.max_bad_steps >= 1, f"trainer.max_bad_steps={t.max_bad_steps} must be >= 1")
     _check(
         t.device == "auto" or t.device == "cpu" or t.device.startswith("cuda"),
         f"trainer.device={t.device!r} is not a device: use auto, cpu, cuda or cuda:N",

@@ -4,15 +4,18 @@ with every artefact written into the run dir. Kept apart from cli.py so it runs 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
+import signal
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from heads_lab import parallel as data_parallel
 from heads_lab.config import RunConfig, cache_dir
 from heads_lab.cost import Lengths, PeakMemory, account
 from heads_lab.data import prepare, testsets
@@ -21,7 +24,7 @@ from heads_lab.errors import DataError, finished_run
 from heads_lab.evaluate import perplexity, score, translate
 from heads_lab.model import Transformer, count_parameters
 from heads_lab.tracking import Tracker, console, environment, summary_table, write_json
-from heads_lab.train import autocast, resolve_device, seed_everything, train
+from heads_lab.train import Checkpoints, autocast, resolve_device, seed_everything, train
 
 log = logging.getLogger(__name__)
 DEFAULT_THREADS = torch.get_num_threads()  # at start-up: all cores unless OMP_NUM_THREADS says
@@ -33,15 +36,20 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
     started = time.perf_counter()
     if (run_dir / "results.json").is_file():
         raise finished_run(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    _check_writable(run_dir)
     torch.set_num_threads(run.trainer.threads or DEFAULT_THREADS)  # never inherit a sweep job's
     seed_everything(run.seed)
+    ranks = data_parallel.from_env()
+    main_rank = ranks is None or ranks.is_main
     device = resolve_device(run.trainer.device)
+    if ranks is not None and device.type == "cuda":
+        device = torch.device("cuda", ranks.local_rank)
     peak = PeakMemory(device)
     run_name = ",".join(overrides) or "defaults"
 
     corpus = prepare(run.data, cache_dir(run.paths))
-    shutil.copyfile(corpus.tokenizer.path, run_dir / "tokenizer.model")
+    if main_rank:
+        shutil.copyfile(corpus.tokenizer.path, run_dir / "tokenizer.model")
     data_s = time.perf_counter() - started
     train_split = corpus.splits["train"]
     for name, split in corpus.splits.items():  # positions: BOS/EOS + tokens
@@ -61,28 +69,28 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
              f"{params['total']:,}", _heads_text(run), run.model.d_head,
              costs["flops_per_token"]["train"] / 1e6)
 
-    tracker = Tracker(run.logger, run_dir, run_name, config, group=run.name)
+    tracker = Tracker(run.logger if main_rank else _NO_LOGGER, run_dir, run_name, config,
+                      group=run.name)
+    checkpoints = (Checkpoints(run_dir, run.trainer, config, is_writer=main_rank)
+                   if run.trainer.save_checkpoint else None)
     try:
-        tracker.start(run.trainer.max_steps)
-        result = train(model, train_split, corpus.splits["valid"], run.trainer, run.seed, device,
-                       tracker.log)
+        if main_rank:
+            tracker.start(run.trainer.max_steps)
+        with stop_signals() as stop:
+            result = train(model, train_split, corpus.splits["valid"], run.trainer, run.seed,
+                           device, tracker.log, checkpoints=checkpoints, stop_requested=stop,
+                           parallel=ranks)
         tracker.stop_progress()
-        if run.trainer.save_checkpoint:
-            save_checkpoint(run_dir / "checkpoint.pt", model, config, result.steps)
+        if result.resumed_from is not None:
+            log.info("resumed from step %d; trained to step %d", result.resumed_from, result.steps)
+        if not main_rank:  # rank 0 evaluates and writes the results
+            tracker.finish()
+            ranks.barrier()
+            return {}
 
         eval_started = time.perf_counter()
         split_name = run.eval.split
-        split = corpus.splits[split_name]
-        if run.eval.sacrebleu_test:
-            split = testsets.load(run.eval.sacrebleu_test, run.data.src, run.data.tgt,
-                                  corpus.tokenizer, run.data.cleaning.normalize)
-        with autocast(device, run.trainer.precision):  # evaluate as trained
-            ppl = perplexity(model, split, run.trainer.max_tokens, device)
-            hyps = translate(model, split, corpus.tokenizer, run.eval, device)
-        _write_lines(run_dir / f"hyps.{split_name}.txt", hyps)
-        _write_lines(run_dir / f"refs.{split_name}.txt", split.tgt_text)
-        _write_lines(run_dir / f"src.{split_name}.txt", split.src_text)
-        scores = score(hyps, split.tgt_text, run.eval.bleu_tokenize)
+        split, ppl, scores = evaluate_on_split(run, model, corpus, device, run_dir, "")
         eval_s = time.perf_counter() - eval_started
 
         metrics = {
@@ -119,7 +127,9 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
                          "test_set": (f"sacrebleu:{run.eval.sacrebleu_test}"
                                       if run.eval.sacrebleu_test else run.data.name)},
             "train": {"steps": result.steps, "epochs": result.epochs, "tokens": result.tokens,
-                      "seconds": result.train_seconds, "valid_history": result.history},
+                      "seconds": result.train_seconds, "valid_history": result.history,
+                      "skipped_steps": result.skipped_steps, "resumed_from": result.resumed_from,
+                      "data_parallel": ranks.world if ranks else 1},
             "timings": {"data_s": data_s, "train_s": result.train_seconds, "eval_s": eval_s,
                         "total_s": time.perf_counter() - started},
             "data": corpus.stats,
@@ -130,6 +140,8 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
         }
         write_json(run_dir / "results.json", results)
         tracker.finish(summary=metrics)
+        if ranks is not None:
+            ranks.barrier()
     except BaseException:
         tracker.finish(failed=True)
         raise
@@ -140,12 +152,68 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
     return results
 
 
-def save_checkpoint(path: Path, model: Transformer, config: dict[str, Any], step: int) -> None:
-    """Model weights and the config that built them, written atomically."""
-    tmp = path.with_suffix(".tmp")
-    torch.save({"model": model.state_dict(), "vocab_size": model.vocab_size, "step": step,
-                "config": config}, tmp)
-    os.replace(tmp, path)
+def evaluate_on_split(run: RunConfig, model: Transformer, corpus, device: torch.device,
+                      out_dir: Path, prefix: str):
+    """Perplexity, translation and sacrebleu scores on run.eval.split (or the sacrebleu test
+    set), with hyps/refs/src written to out_dir/{prefix}hyps.{split}.txt etc.
+    Returns (split, {'loss', 'ppl'}, scores)."""
+    split_name = run.eval.split
+    split = corpus.splits[split_name]
+    if run.eval.sacrebleu_test:
+        split = testsets.load(run.eval.sacrebleu_test, run.data.src, run.data.tgt,
+                              corpus.tokenizer, run.data.cleaning.normalize)
+    with autocast(device, run.trainer.precision):  # evaluate as trained
+        ppl = perplexity(model, split, run.trainer.max_tokens, device)
+        hyps = translate(model, split, corpus.tokenizer, run.eval, device)
+    _write_lines(out_dir / f"{prefix}hyps.{split_name}.txt", hyps)
+    _write_lines(out_dir / f"{prefix}refs.{split_name}.txt", split.tgt_text)
+    _write_lines(out_dir / f"{prefix}src.{split_name}.txt", split.src_text)
+    return split, ppl, score(hyps, split.tgt_text, run.eval.bleu_tokenize)
+
+
+@contextlib.contextmanager
+def stop_signals():
+    """SIGTERM, SIGINT and SIGUSR2 (a scheduler's preemption or time-limit warning, Ctrl-C)
+    ask the training loop to save a checkpoint after the current update and stop; a second
+    Ctrl-C stops at once. Yields the function the loop polls (the signal's name, or None)."""
+    received: list[str] = []
+    wanted = [signal.SIGTERM, signal.SIGINT] + ([signal.SIGUSR2] if hasattr(signal, "SIGUSR2") else [])
+
+    def handler(signum, frame):
+        if received and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        received.append(signal.Signals(signum).name)
+        log.warning("%s received: saving a checkpoint after this update, then stopping",
+                    received[-1])
+
+    try:
+        previous = {s: signal.signal(s, handler) for s in wanted}
+    except ValueError:  # not the main thread: leave signals alone
+        yield lambda: None
+        return
+    try:
+        yield lambda: received[0] if received else None
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _check_writable(run_dir: Path) -> None:
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise DataError(f"cannot write to the run dir {run_dir}: {err.strerror or err}; choose a "
+                        "writable hydra.run.dir (or fix its permissions / free space)") from None
+
+
+class _NoLogger:
+    name = "none"
+
+
+_NO_LOGGER = _NoLogger()
 
 
 def _heads_text(run: RunConfig) -> str:

@@ -188,7 +188,12 @@ class TrainerConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     precision: str = "fp32"  # fp32 | bf16 (autocast: bf16 matmuls, fp32 weights and loss)
     threads: int | None = None  # CPU threads; None = all cores
-    save_checkpoint: bool = True
+    save_checkpoint: bool = True  # write checkpoints (run_dir/checkpoints/) at all
+    save_every: int = 500  # steps between checkpoints; also saved at the end, at each new best
+    #                        validation and on SIGTERM/SIGINT/SIGUSR2 (0: only those)
+    keep_last: int = 2  # step checkpoints kept (plus checkpoints/best.pt)
+    resume: str = "auto"  # auto: continue from the newest valid checkpoint in the run dir | never
+    max_bad_steps: int = 5  # stop after this many non-finite (skipped) steps in a row
 
 
 @dataclass
@@ -201,6 +206,7 @@ class EvalConfig:
     split: str = "test"
     bleu_tokenize: str | None = None  # sacrebleu tokenizer; None = sacrebleu's default (13a)
     sacrebleu_test: str | None = None  # e.g. wmt14: test on sacrebleu's copy of a standard set
+    average_last: int = 1  # `heads-lab eval`: average the weights of the last N checkpoints
 
 
 @dataclass

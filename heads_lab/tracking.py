@@ -10,6 +10,7 @@ import platform
 import socket
 import subprocess
 import tempfile
+import uuid
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -142,11 +143,15 @@ def _start_wandb(cfg: WandbConfig, run_dir: Path, name: str, config: dict, group
         log.warning("wandb: %s is unreachable; logging offline instead (sync later with "
                     "`wandb sync %s/wandb`)", base_url, run_dir)
         mode = "offline"
+    id_file = run_dir / "wandb-run-id"  # a resumed run continues the same wandb run
+    run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:8]
     try:
+        id_file.write_text(run_id + "\n")
         return wandb.init(
             project=cfg.project, entity=cfg.entity, mode=mode, dir=str(run_dir), name=name,
             group=cfg.group or group, job_type=cfg.job_type, tags=list(cfg.tags) or None,
-            notes=cfg.notes, config=flatten(config), reinit="create_new",
+            notes=cfg.notes, config=flatten(config), reinit="create_new", id=run_id,
+            resume="allow",
             settings=wandb.Settings(console="off", silent=True, init_timeout=60),
         )
     except Exception as err:  # never fail or hang a run for the tracker's sake

@@ -1,22 +1,38 @@
 """The training loop: Adam with inverse-square-root warm-up, label-smoothed cross entropy,
-token-budget batches, periodic validation. It knows nothing of Hydra or the console: it reports
-through the `on_log` callback and returns plain numbers."""
+token-budget batches, periodic validation, checkpoints and exact resume, skipping of non-finite
+steps, and a clean stop on preemption signals. It knows nothing of Hydra or the console: it
+reports through the `on_log` callback and returns plain numbers."""
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
+from heads_lab import checkpoint
 from heads_lab.config import TrainerConfig
 from heads_lab.data import Split, collate, epoch_batches
+from heads_lab.errors import CheckpointError, HeadsLabError
 from heads_lab.evaluate import perplexity
 from heads_lab.model import Transformer
+from heads_lab.parallel import Parallel
+
+log = logging.getLogger(__name__)
+
+# Settings that may change between a checkpoint and its resumption without changing the run.
+RESUMABLE_CHANGES = {"trainer.max_steps", "trainer.max_epochs", "trainer.valid_every",
+                     "trainer.log_every", "trainer.save_every", "trainer.keep_last",
+                     "trainer.resume", "trainer.threads", "trainer.device",
+                     "trainer.save_checkpoint", "trainer.max_bad_steps", "logger", "eval", "paths",
+                     "name", "data.root"}
 
 
 def seed_everything(seed: int) -> None:
@@ -59,6 +75,101 @@ class TrainResult:
     tokens_per_s: float
     valid: dict[str, float]  # last validation: loss (NLL per token) and ppl
     history: list[dict[str, float]]
+    skipped_steps: int = 0  # updates skipped for a non-finite loss or gradient
+    resumed_from: int | None = None  # the step of the checkpoint this run continued from
+
+
+@dataclass
+class Progress:
+    """Where training stands: everything besides model/optimizer/schedule/RNG that a resumed
+    run needs to continue exactly (it is saved in every checkpoint)."""
+
+    step: int = 0
+    epoch: int = 0
+    update: int = 0  # the next update's index in this epoch's batch order
+    tokens: int = 0
+    train_seconds: float = 0.0
+    last_loss: float = float("nan")
+    window: dict[str, float] = field(default_factory=lambda: _empty_window())
+    history: list[dict[str, float]] = field(default_factory=list)
+    valid: dict[str, float] = field(default_factory=dict)
+    best_valid: float = math.inf
+    skipped: int = 0
+    bad_in_row: int = 0
+
+
+class Preempted(HeadsLabError):
+    """A stop signal arrived; a checkpoint was saved and the run can be resumed."""
+
+    def __init__(self, signal_name: str, step: int, path: Path | None):
+        where = f"checkpoint {path}" if path else "no checkpoint (checkpoints are off)"
+        super().__init__(f"stopped by {signal_name} at step {step}; saved {where}; run the same "
+                         "command with hydra.run.dir=<this run dir> to resume")
+        self.signal_name = signal_name
+
+
+class Diverged(HeadsLabError):
+    """Too many non-finite steps in a row."""
+
+
+def _empty_window() -> dict[str, float]:
+    return {"loss": 0.0, "nll": 0.0, "tokens": 0, "seconds": 0.0}
+
+
+class Checkpoints:
+    """Where and how often `train` saves, and what it resumes from. `config` is the run's
+    resolved config (stored in each checkpoint and compared on resume). `is_writer` is False on
+    data-parallel ranks other than 0: they resume like rank 0 but never write."""
+
+    def __init__(self, run_dir: Path, cfg: TrainerConfig, config: dict[str, Any],
+                 is_writer: bool = True):
+        self.run_dir, self.cfg, self.config, self.is_writer = Path(run_dir), cfg, config, is_writer
+        self.last_path: Path | None = None
+
+    def resume_state(self) -> dict[str, Any] | None:
+        if self.cfg.resume != "auto":
+            return None
+        found = checkpoint.latest(self.run_dir)
+        if found is None:
+            return None
+        state, path = found
+        _check_same_run(state.get("config", {}), self.config, path)
+        log.info("resuming from %s (step %d)", path, state["progress"]["step"])
+        self.last_path = path
+        return state
+
+    def save(self, state: dict[str, Any], step: int, best: bool) -> Path | None:
+        if not self.is_writer:
+            return None
+        path = checkpoint.step_path(self.run_dir, step)
+        try:
+            checkpoint.save(path, {**state, "config": self.config})
+        except OSError as err:
+            previous = f"the previous one ({self.last_path.name}) is intact" if self.last_path else \
+                "no earlier checkpoint exists"
+            log.warning("checkpoint at step %d not saved (%s); %s; training continues",
+                        step, err.strerror or err, previous)
+            return None
+        self.last_path = path
+        if best:
+            checkpoint.mark_best(self.run_dir, path)
+        checkpoint.prune(self.run_dir, self.cfg.keep_last)
+        return path
+
+
+def _check_same_run(saved: dict[str, Any], current: dict[str, Any], path: Path) -> None:
+    """A checkpoint resumes only the run that wrote it: compare every setting that changes the
+    trajectory (model, data, seed, optimizer, batches, precision)."""
+    from heads_lab.tracking import flatten
+
+    old, new = flatten(saved), flatten(current)
+    for key in sorted(set(old) | set(new)):
+        if any(key == k or key.startswith(k + ".") for k in RESUMABLE_CHANGES):
+            continue
+        if old.get(key) != new.get(key):
+            raise CheckpointError(
+                f"{path} was written by a run with {key}={old.get(key)!r}, not {new.get(key)!r}; "
+                "resume with the same settings, or use another run dir (or trainer.resume=never)")
 
 
 def adam(model: torch.nn.Module, lr: float, betas: tuple[float, float], eps: float,
@@ -79,86 +190,167 @@ def train(
     seed: int,
     device: torch.device,
     on_log: Callable[[int, dict[str, float]], None] = lambda step, metrics: None,
+    checkpoints: Checkpoints | None = None,
+    stop_requested: Callable[[], str | None] = lambda: None,
+    parallel: Parallel | None = None,
 ) -> TrainResult:
     """Train `model` in place until trainer.max_steps or max_epochs; validate every valid_every
-    steps and at the end. `on_log(step, metrics)` receives train/* and valid/* metrics."""
+    steps and at the end. `on_log(step, metrics)` receives train/* and valid/* metrics.
+    With `checkpoints`, save every trainer.save_every steps and at the end, and (resume=auto)
+    continue from the newest valid checkpoint. `stop_requested()` returning a signal name makes
+    the loop save a checkpoint after the current update and raise Preempted. With `parallel`,
+    this process is one rank of a data-parallel group (see heads_lab.parallel)."""
+    net = parallel.wrap(model) if parallel else model  # DistributedDataParallel on ranks
     opt = adam(model, cfg.lr, tuple(cfg.adam_betas), cfg.adam_eps, cfg.weight_decay)
     factor = inverse_sqrt(cfg.warmup_steps)  # LambdaLR counts from 0 before the first update
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda done: factor(done + 1))
     max_steps = cfg.max_steps if cfg.max_steps is not None else math.inf
     max_epochs = cfg.max_epochs if cfg.max_epochs is not None else math.inf
-    step, epoch, tokens, train_seconds = 0, 0, 0, 0.0
-    window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "seconds": 0.0}
-    valid: dict[str, float] = {}
-    history: list[dict[str, float]] = []
-    last_loss = float("nan")
+    p = Progress()
+    resumed_from = None
+    state = checkpoints.resume_state() if checkpoints else None
+    world, rank = (parallel.world, parallel.rank) if parallel else (1, 0)
+    if state is not None and state.get("world", 1) != world:
+        raise CheckpointError(
+            f"{checkpoints.last_path} was written by {state.get('world', 1)} data-parallel "
+            f"process(es), not {world}; resume with the same number of processes")
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        p = Progress(**state["progress"])
+        checkpoint.set_rng_state(state["rng"])
+        resumed_from = p.step
     tgt_lens = train_split.tgt_lens
+    per_update = cfg.update_freq * world  # batches in one update, over all ranks
 
-    def validate() -> None:
-        nonlocal valid
+    def validate() -> bool:
+        """Validate; True when this is the best validation loss so far."""
         with autocast(device, cfg.precision):
-            valid = perplexity(model, valid_split, cfg.max_tokens, device)
-        metrics = {"valid/loss": valid["loss"], "valid/ppl": valid["ppl"]}
-        history.append({"step": step, **metrics})
-        on_log(step, metrics)
+            p.valid = perplexity(model, valid_split, cfg.max_tokens, device)
+        metrics = {"valid/loss": p.valid["loss"], "valid/ppl": p.valid["ppl"]}
+        p.history.append({"step": p.step, **metrics})
+        on_log(p.step, metrics)
+        if p.valid["loss"] < p.best_valid:
+            p.best_valid = p.valid["loss"]
+            return True
+        return False
+
+    def save(best: bool = False) -> Path | None:
+        if checkpoints is None:
+            return None
+        state = {"model": model.state_dict(), "optimizer": opt.state_dict(),
+                 "scheduler": sched.state_dict(), "progress": asdict(p),
+                 "rng": checkpoint.rng_state(), "vocab_size": model.vocab_size, "world": world}
+        return checkpoints.save(state, p.step, best)
 
     model.train()
-    while step < max_steps and epoch < max_epochs:
-        batches = epoch_batches(train_split, cfg.max_tokens, seed, epoch)
-        n_updates = math.ceil(len(batches) / cfg.update_freq)  # a short last group is kept
-        for u in range(n_updates):
-            if step >= max_steps:
-                break
-            group = batches[u * cfg.update_freq : (u + 1) * cfg.update_freq]
+    while p.step < max_steps and p.epoch < max_epochs:
+        batches = epoch_batches(train_split, cfg.max_tokens, seed, p.epoch)
+        n_updates = math.ceil(len(batches) / per_update)  # a short last group is kept
+        while p.update < n_updates and p.step < max_steps:
+            group = batches[p.update * per_update : (p.update + 1) * per_update]
+            # rank r trains on batches r, r + world, ... of the update; a rank left without one
+            # (a short last group) runs a batch with weight 0, so every rank all-reduces once
+            mine, weight = (group[rank::world], 1.0) if rank < len(group) else (group[:1], 0.0)
             started = time.perf_counter()
-            n_tokens = int(sum(tgt_lens[ids].sum() for ids in group))
-            for ids in group:
+            n_tokens = int(sum(tgt_lens[ids].sum() for ids in group))  # over all ranks
+            losses = torch.zeros(2, dtype=torch.float64)
+            for i, ids in enumerate(mine):
                 batch = collate(train_split, ids).to(device)
                 keep = batch.tgt_out != model.pad_id  # score only real target positions
-                with autocast(device, cfg.precision):
-                    hidden = model.decode(batch.tgt_in, model.encode(batch.src))[keep]
-                    loss, nll = model.loss(hidden, batch.tgt_out[keep], cfg.label_smoothing)
-                (loss / n_tokens).backward()  # gradient of the mean over the whole update
-                window["loss"] += loss.item()
-                window["nll"] += nll.item()
-            if cfg.clip_norm > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm)
+                with parallel.no_sync(net, last=i == len(mine) - 1) if parallel else _nothing():
+                    with autocast(device, cfg.precision):
+                        hidden = net(batch.src, batch.tgt_in, hidden_only=True)[keep]
+                        loss, nll = model.loss(hidden, batch.tgt_out[keep], cfg.label_smoothing)
+                    # the gradient of the mean over the whole update (DDP averages over ranks)
+                    (loss / (n_tokens / world) if weight else loss * 0.0).backward()
+                losses += weight * torch.tensor([loss.item(), nll.item()], dtype=torch.float64)
+            if parallel:
+                losses = parallel.sum(losses)
+            p.update += 1
+            clip = cfg.clip_norm if cfg.clip_norm > 0 else math.inf
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            if not (math.isfinite(losses[0].item()) and torch.isfinite(norm).item()):
+                opt.zero_grad(set_to_none=True)
+                p.skipped += 1
+                p.bad_in_row += 1
+                log.warning("step %d: non-finite %s; update skipped (%d in a row, %d in all)",
+                            p.step + 1, "loss" if not math.isfinite(losses[0].item())
+                            else "gradient", p.bad_in_row, p.skipped)
+                on_log(p.step, {"train/skipped_steps": p.skipped})
+                if p.bad_in_row >= cfg.max_bad_steps:
+                    path = save()
+                    kept = f"; checkpoint {path} holds the weights from before it" if path else ""
+                    raise Diverged(
+                        f"training diverged: {p.bad_in_row} non-finite steps in a row after step "
+                        f"{p.step}{kept}; lower trainer.lr, raise trainer.warmup_steps or set "
+                        "trainer.clip_norm (e.g. 1.0), then start a new run")
+                continue
+            p.bad_in_row = 0
             opt.step()
             sched.step()
             opt.zero_grad(set_to_none=True)
-            step += 1
-            tokens += n_tokens
+            p.step += 1
+            p.tokens += n_tokens
             elapsed = time.perf_counter() - started
-            train_seconds += elapsed
-            window["tokens"] += n_tokens
-            window["seconds"] += elapsed
-            if step % cfg.log_every == 0 or step == max_steps:
-                last_loss = window["loss"] / window["tokens"]
-                on_log(step, {
-                    "train/loss": last_loss,
-                    "train/nll": window["nll"] / window["tokens"],
-                    "train/ppl": math.exp(min(window["nll"] / window["tokens"], 50)),
+            p.train_seconds += elapsed
+            w = p.window
+            w["loss"] += losses[0].item()
+            w["nll"] += losses[1].item()
+            w["tokens"] += n_tokens
+            w["seconds"] += elapsed
+            if p.step % cfg.log_every == 0 or p.step == max_steps:
+                p.last_loss = w["loss"] / w["tokens"]
+                on_log(p.step, {
+                    "train/loss": p.last_loss,
+                    "train/nll": w["nll"] / w["tokens"],
+                    "train/ppl": math.exp(min(w["nll"] / w["tokens"], 50)),
                     "train/lr": sched.get_last_lr()[0],
-                    "train/tokens_per_s": window["tokens"] / window["seconds"],
-                    "train/epoch": epoch + (u + 1) / n_updates,
+                    "train/tokens_per_s": w["tokens"] / w["seconds"],
+                    "train/epoch": p.epoch + p.update / n_updates,
                 })
-                window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "seconds": 0.0}
-            if step % cfg.valid_every == 0:
-                validate()
+                p.window = _empty_window()
+            best = False
+            if p.step % cfg.valid_every == 0:
+                best = validate()
                 model.train()
-        else:
-            epoch += 1
-    if window["tokens"]:
-        last_loss = window["loss"] / window["tokens"]
-    if not history or history[-1]["step"] != step:
-        validate()
+            signal_name = stop_requested()
+            if parallel:
+                signal_name = parallel.any_stop(signal_name)
+            if signal_name:
+                raise Preempted(signal_name, p.step, save(best))
+            periodic = cfg.save_every and p.step % cfg.save_every == 0
+            if (best or periodic) and p.step < max_steps:  # the last step is saved below
+                save(best)
+        if p.update >= n_updates:
+            p.epoch += 1
+            p.update = 0
+    if p.window["tokens"]:
+        p.last_loss = p.window["loss"] / p.window["tokens"]
+    best = False
+    if not p.history or p.history[-1]["step"] != p.step:
+        best = validate()
+    elif p.history[-1]["step"] == p.step and p.valid and p.valid["loss"] <= p.best_valid:
+        best = True  # validated at this very step above, and it was the best
+    save(best)
     return TrainResult(
-        steps=step,
-        epochs=tokens / max(train_split.target_tokens(), 1),
-        train_loss=last_loss,
-        tokens=tokens,
-        train_seconds=train_seconds,
-        tokens_per_s=tokens / max(train_seconds, 1e-9),
-        valid=valid,
-        history=history,
+        steps=p.step,
+        epochs=p.tokens / max(train_split.target_tokens(), 1),
+        train_loss=p.last_loss,
+        tokens=p.tokens,
+        train_seconds=p.train_seconds,
+        tokens_per_s=p.tokens / max(p.train_seconds, 1e-9),
+        valid=p.valid,
+        history=p.history,
+        skipped_steps=p.skipped,
+        resumed_from=resumed_from,
     )
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False

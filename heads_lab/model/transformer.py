@@ -177,8 +177,11 @@ class Transformer(nn.Module):
             return output_loss(hidden, self.embed.weight, target, eps)
         return label_smoothed_loss(self.logits(hidden), target, eps)
 
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        return self.logits(self.decode(tgt_in, self.encode(src)))
+    def forward(self, src: Tensor, tgt_in: Tensor, hidden_only: bool = False) -> Tensor:
+        """Logits [batch, tgt, vocab], or with hidden_only the decoder output [batch, tgt,
+        d_model] (training applies the output layer inside its fused loss)."""
+        hidden = self.decode(tgt_in, self.encode(src))
+        return hidden if hidden_only else self.logits(hidden)
 
     def attention_weights(self) -> dict[str, list[Tensor | None]]:
         """Per-head weights of the last forward run with need_weights=True, per attention type."""

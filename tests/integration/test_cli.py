@@ -75,8 +75,10 @@ def test_train_writes_results_with_finite_ppl_and_bleu(tiny_run_dir):
     assert results["sacrebleu"]["bleu_signature"].startswith("nrefs:1|case:mixed")
     assert results["env"]["versions"]["torch"] and results["env"]["versions"]["sacrebleu"]
     assert results["data"]["train"]["kept"] == 600
-    for name in ("checkpoint.pt", "tokenizer.model", "train.log", ".hydra/config.yaml"):
+    for name in ("checkpoints/step_0000030.pt", "checkpoints/best.pt", "tokenizer.model",
+                 "train.log", ".hydra/config.yaml"):
         assert (tiny_run_dir / name).exists(), name
+    assert results["train"]["skipped_steps"] == 0 and results["train"]["resumed_from"] is None
 
 
 def test_bleu_equals_sacrebleu_on_the_written_files(tiny_run_dir):

@@ -1,0 +1,167 @@
+"""Training checkpoints that survive crashes, preemption and full disks.
+
+A checkpoint holds the whole training state (model, optimizer, LR schedule, step, epoch and the
+position in the epoch's batch order, the RNG states of Python, NumPy and torch, the progress
+counters and the config), so a resumed run continues exactly where the saved one stood.
+
+On disk: `MAGIC`, the SHA-256 of the payload, then the payload (torch.save bytes). It is written
+to a temp file in the same dir, fsync'ed and renamed over the target, so a reader sees either the
+old file or the complete new one; a truncated or corrupt file fails its checksum and is skipped
+in favour of the previous one. Loading uses torch.load(weights_only=True): plain tensors, numbers,
+strings and containers only, never arbitrary pickled code.
+
+Layout in a run dir: checkpoints/step_0000500.pt ... (the last `keep_last`), checkpoints/best.pt
+(lowest validation loss so far; a hard link to its step file where the filesystem allows).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import os
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from heads_lab.errors import CheckpointError
+
+log = logging.getLogger(__name__)
+MAGIC = b"HEADSLAB-CKPT-1\n"
+DIGEST = 32  # bytes of SHA-256
+STEP_FILE = re.compile(r"step_(\d+)\.pt$")
+
+
+def checkpoint_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def step_path(run_dir: Path, step: int) -> Path:
+    return checkpoint_dir(run_dir) / f"step_{step:07d}.pt"
+
+
+def save(path: Path, state: dict[str, Any]) -> None:
+    """Write `state` atomically with a checksum. On failure (e.g. the disk is full) the temp
+    file is removed, any earlier file at `path` is untouched, and OSError propagates."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    payload = buffer.getbuffer()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(MAGIC)
+            f.write(hashlib.sha256(payload).digest())
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def load(path: Path) -> dict[str, Any]:
+    """Read and verify a checkpoint; CheckpointError says what is wrong with it."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as err:
+        raise CheckpointError(f"cannot read checkpoint {path}: {err.strerror or err}") from None
+    head = len(MAGIC) + DIGEST
+    if len(data) < head or not data.startswith(MAGIC):
+        raise CheckpointError(f"{path} is not a heads-lab checkpoint (or is truncated)")
+    digest, payload = data[len(MAGIC):head], memoryview(data)[head:]
+    if hashlib.sha256(payload).digest() != digest:
+        raise CheckpointError(f"{path} is corrupt or truncated (checksum mismatch)")
+    try:
+        return torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+    except Exception as err:  # a checksum-valid file that torch cannot read: a format change
+        raise CheckpointError(f"cannot load checkpoint {path}: {err}") from None
+
+
+def step_files(run_dir: Path) -> list[tuple[int, Path]]:
+    """(step, path) of the run's step checkpoints, newest first."""
+    found = []
+    folder = checkpoint_dir(run_dir)
+    if folder.is_dir():
+        for path in folder.iterdir():
+            match = STEP_FILE.match(path.name)
+            if match:
+                found.append((int(match.group(1)), path))
+    return sorted(found, reverse=True)
+
+
+def latest(run_dir: Path) -> tuple[dict[str, Any], Path] | None:
+    """The newest checkpoint that loads and verifies; corrupt ones are skipped with a warning.
+    None when the run has no checkpoints; CheckpointError when it has some but none is valid."""
+    files = step_files(run_dir)
+    problems = []
+    for _, path in files:
+        try:
+            return load(path), path
+        except CheckpointError as err:
+            log.warning("skipping %s; falling back to an earlier checkpoint", err)
+            problems.append(path.name)
+    if files:
+        raise CheckpointError(
+            f"{checkpoint_dir(run_dir)} holds no valid checkpoint ({', '.join(problems)} failed "
+            "their checks); delete that dir to start the run afresh, or use another run dir")
+    return None
+
+
+def prune(run_dir: Path, keep_last: int) -> None:
+    """Delete all but the newest `keep_last` step checkpoints (best.pt is a separate file)."""
+    for _, path in step_files(run_dir)[max(keep_last, 1):]:
+        path.unlink(missing_ok=True)
+
+
+def mark_best(run_dir: Path, path: Path) -> None:
+    """Make checkpoints/best.pt the checkpoint at `path`: a hard link (no extra space) or a copy,
+    swapped in atomically."""
+    best = checkpoint_dir(run_dir) / "best.pt"
+    tmp = best.with_name("best.pt.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(path, tmp)
+    except OSError:
+        tmp.write_bytes(path.read_bytes())
+    os.replace(tmp, best)
+
+
+def rng_state() -> dict[str, Any]:
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {"python": random.getstate(), "torch": torch.get_rng_state(),
+             "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": pos,
+                       "has_gauss": has_gauss, "gauss": gauss}}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["gauss"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,126 @@
+"""Bad input, table-driven: every case exits 2 with one line naming the key or file and the fix,
+no traceback, and leaves an earlier finished run's files untouched."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TINY
+from tests.integration.test_cli import _assert_one_line_error, heads_lab
+from tests.unit.test_data_sources import _corpus, _write
+
+FAST = ["model=tiny", "trainer.max_steps=2", "trainer.max_tokens=1024", "eval.beam=1",
+        "logger=none"]
+
+
+def _local(root: Path) -> list[str]:
+    return ["data=local", f"data.root={root}", "data.src=de", "data.tgt=en", "data.vocab_size=60"]
+
+
+def _setup(case: str, where: Path) -> list[str]:
+    """Files a case needs; returns extra arguments."""
+    if case == "mismatch":
+        root = _corpus(where / "c")
+        _write(root / "train.en", ["x"] * 299)
+        return _local(root)
+    if case == "empty":
+        root = _corpus(where / "c")
+        _write(root / "train.de", [])
+        _write(root / "train.en", [])
+        return _local(root)
+    if case == "undecodable":
+        root = _corpus(where / "c")
+        _write(root / "train.de", b"gut\n" * 150 + b"\xff\xfe kaputt\n" + b"gut\n" * 149)
+        return _local(root)
+    if case == "unwritable":
+        (where / "a-file").write_text("not a dir")
+        return [f"hydra.run.dir={where / 'a-file' / 'run'}"]
+    if case == "corrupt-resume":
+        run = where / "resume-me"
+        (run / "checkpoints").mkdir(parents=True)
+        (run / "checkpoints" / "step_0000004.pt").write_bytes(b"half a checkpoint")
+        return [f"hydra.run.dir={run}"]
+    return []
+
+
+# (setup, command and arguments, fragments the one line must contain: the key or file, the fix)
+CASES = [
+    ("heads-zero", None, ["train", "model.heads=0"], ["model.heads=0", "positive integer"]),
+    ("heads-negative", None, ["train", "model.heads=-4"], ["model.heads=-4", "positive integer"]),
+    ("heads-not-dividing", None, ["train", "model.heads=3"],
+     ["model.heads=3 does not divide model.d_model=64", "model.head_dim"]),
+    ("kv-not-dividing", None, ["train", "model.kv_heads=3"], ["model.kv_heads=3", "model.heads"]),
+    ("unknown-attention", None, ["train", "model.attention=sparse"],
+     ["model.attention", "sparse"]),
+    ("dropout-one", None, ["train", "model.dropout=1.0"], ["model.dropout=1.0", "[0, 1)"]),
+    ("dropout-negative", None, ["train", "model.dropout=-0.1"], ["model.dropout=-0.1", "[0, 1)"]),
+    ("beam-zero", None, ["train", "eval.beam=0"], ["eval.beam=0", ">= 1"]),
+    ("max-tokens-small", None, ["train", "trainer.max_tokens=100"],
+     ["trainer.max_tokens=100 is smaller than the longest allowed sentence", "raise"]),
+    ("unknown-key", None, ["train", "model.foo=1"], ["unknown config key 'model.foo'"]),
+    ("unknown-added-key", None, ["train", "+trainer.max_step=5"],
+     ["unknown config key 'trainer.max_step'"]),
+    ("unknown-option", None, ["train", "model=huge"], ["model/huge", "base, small, tiny"]),
+    ("type-error", None, ["train", "model.heads=abc"],
+     ["model.heads=abc", "could not be converted to Integer"]),
+    ("bad-enum", None, ["train", "model.norm=middle"], ["model.norm", "middle"]),
+    ("no-data-root", None, ["train", "data=local", "data.root=/does/not/exist"],
+     ["train file is missing", "/does/not/exist"]),
+    ("mismatch", "mismatch", ["train"], ["train.de has 300 lines but", "train.en has 299"]),
+    ("empty-train", "empty", ["train"], ["train", "empty"]),
+    ("undecodable", "undecodable", ["train"], ["train.de:151: not UTF-8", "on_decode_error=skip"]),
+    ("unwritable-output", "unwritable", ["train"], ["cannot write", "a-file"]),
+    ("corrupt-resume", "corrupt-resume", ["train"],
+     ["holds no valid checkpoint", "step_0000004.pt", "delete that dir"]),
+    ("precision", None, ["train", "trainer.precision=fp16"], ["trainer.precision='fp16'", "bf16"]),
+    ("lr-zero", None, ["train", "trainer.lr=0"], ["trainer.lr=0", "> 0"]),
+    ("save-every", None, ["train", "trainer.save_every=-1"], ["trainer.save_every=-1", ">= 0"]),
+    ("resume-mode", None, ["train", "trainer.resume=maybe"], ["trainer.resume='maybe'", "auto"]),
+    ("no-stop", None, ["train", "trainer.max_steps=null", "trainer.max_epochs=null"],
+     ["trainer.max_steps and trainer.max_epochs are both null", "set at least one"]),
+    ("update-freq", None, ["train", "trainer.update_freq=0"], ["trainer.update_freq=0", ">= 1"]),
+    ("average-last", None, ["train", "eval.average_last=0"], ["eval.average_last=0", ">= 1"]),
+    ("sacrebleu-tokenizer", None, ["train", "eval.bleu_tokenize=foo"],
+     ["eval.bleu_tokenize='foo' is not a sacrebleu tokenizer"]),
+    ("eval-no-dir", None, ["eval", "/no/such/run"], ["no run dir /no/such/run", "give the dir"]),
+    ("eval-not-a-run", "empty-dir", ["eval", "."], ["not a heads-lab run dir"]),
+    ("eval-bad-override", None, ["eval", ".", "model.heads=2"],
+     ["evaluation settings only", "model.heads=2"]),
+]
+
+
+@pytest.fixture(scope="module")
+def earlier_run(tmp_path_factory) -> tuple[Path, Path, dict[str, str]]:
+    """A finished run in the working dir every case runs in, and a fingerprint of its files."""
+    cwd = tmp_path_factory.mktemp("cwd")
+    proc = heads_lab("train", *TINY, "trainer.max_steps=4", cwd=cwd)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    (results,) = (cwd / "outputs").rglob("results.json")
+    return cwd, results.parent, _fingerprint(results.parent)
+
+
+def _fingerprint(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_the_table_has_at_least_25_cases():
+    assert len(CASES) >= 25 and len({c[0] for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("name,setup,args,fragments", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_exit_2_and_loses_nothing(earlier_run, tmp_path, name, setup, args,
+                                                        fragments):
+    cwd, run_dir, before = earlier_run
+    extra = _setup(setup, tmp_path) if setup else []
+    command, rest = args[0], args[1:]
+    if command == "train":
+        proc = heads_lab("train", *FAST, *extra, *rest, cwd=cwd)
+    else:
+        target = [str(tmp_path)] if rest[:1] == ["."] else rest[:1]
+        proc = heads_lab("eval", *target, *rest[1:], cwd=cwd)
+    _assert_one_line_error(proc, *fragments)
+    assert _fingerprint(run_dir) == before  # the earlier run: every file as it was

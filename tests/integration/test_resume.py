@@ -1,0 +1,103 @@
+"""Runs that survive, as a user meets them: SIGKILL mid-training and SIGTERM, each followed by
+running the same command again, end with exactly the numbers of an uninterrupted run; `heads-lab
+eval` re-evaluates from the checkpoints, with averaging."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TINY
+from tests.integration.test_cli import EXE, heads_lab
+
+# Long enough to be killed mid-way; checkpoints every 4 steps, dropout on (RNG must resume).
+RUN = [*TINY, "trainer.max_steps=40", "trainer.save_every=4", "trainer.keep_last=3",
+       "trainer.valid_every=10", "model.dropout=0.2"]
+# Numbers that must match exactly (timings, speeds and memory may not).
+EXACT = ("train/loss", "valid/loss", "valid/ppl", "test/loss", "test/bleu", "test/chrf")
+
+
+def _start(run_dir: Path, cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen([EXE, "train", *RUN, f"hydra.run.dir={run_dir}"], cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ}, start_new_session=True)
+
+
+def _wait_for_checkpoint(run_dir: Path, proc: subprocess.Popen, after: int = 0) -> int:
+    """Block until a step checkpoint newer than `after` exists; its step."""
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        steps = [int(p.stem.split("_")[1]) for p in (run_dir / "checkpoints").glob("step_*.pt")]
+        if steps and max(steps) > after:
+            return max(steps)
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    raise AssertionError("no checkpoint appeared")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> dict:
+    cwd = tmp_path_factory.mktemp("whole")
+    proc = heads_lab("train", *RUN, f"hydra.run.dir={cwd / 'run'}", cwd=cwd)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    return json.loads((cwd / "run" / "results.json").read_text())
+
+
+def test_sigkill_then_sigterm_then_resume_equals_an_uninterrupted_run(uninterrupted, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _start(run_dir, tmp_path)
+    killed_after = _wait_for_checkpoint(run_dir, proc)
+    os.killpg(proc.pid, signal.SIGKILL)  # no chance to clean up
+    proc.wait()
+    assert not (run_dir / "results.json").exists()
+
+    proc = _start(run_dir, tmp_path)  # the same command again: resumes, then gets SIGTERM
+    _wait_for_checkpoint(run_dir, proc, after=killed_after)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=240)
+    if proc.returncode == 0:  # it finished before the signal landed: still must be exact
+        pytest.skip("the run finished before SIGTERM arrived")
+    assert proc.returncode == 143, err  # 128 + SIGTERM: stopped, not finished
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and "stopped by SIGTERM at step" in lines[0], err
+    assert "Traceback" not in err
+    assert not (run_dir / "results.json").exists()
+
+    proc = _start(run_dir, tmp_path)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err + out
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["train"]["resumed_from"] is not None
+    assert results["train"]["steps"] == uninterrupted["train"]["steps"] == 40
+    for key in EXACT:
+        assert results["metrics"][key] == uninterrupted["metrics"][key], key
+    assert results["train"]["valid_history"] == uninterrupted["train"]["valid_history"]
+    assert len(list((run_dir / "checkpoints").glob("step_*.pt"))) == 3  # keep_last
+    assert (run_dir / "checkpoints" / "best.pt").is_file()
+
+
+def test_eval_reevaluates_and_averages_without_touching_the_run(uninterrupted, tmp_path):
+    run_dir = Path(uninterrupted["run_dir"])
+    before = (run_dir / "results.json").read_bytes()
+    proc = heads_lab("eval", str(run_dir), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    (first,) = sorted((run_dir / "evals").glob("*/eval.json"))
+    again = json.loads(first.read_text())
+    for key in ("test/bleu", "test/chrf", "test/loss"):  # the final checkpoint, as trained
+        assert again["metrics"][key] == uninterrupted["metrics"][key], key
+
+    time.sleep(1.1)  # a new eval dir per second
+    proc = heads_lab("eval", str(run_dir), "eval.average_last=3", "eval.beam=1", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    averaged = json.loads(sorted((run_dir / "evals").glob("*average_last=3*/eval.json"))[0]
+                          .read_text())
+    assert averaged["checkpoints"] == ["step_0000040.pt", "step_0000036.pt", "step_0000032.pt"]
+    assert averaged["decoding"]["beam"] == 1
+    assert averaged["metrics"]["test/loss"] != uninterrupted["metrics"]["test/loss"]
+    assert (run_dir / "results.json").read_bytes() == before

@@ -1,0 +1,188 @@
+"""Checkpoints: atomic and checksummed, corrupt ones skipped, a full disk harmless; exact resume
+after a stop; non-finite steps skipped and counted; divergence stops with a checkpoint."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import math
+
+import pytest
+import torch
+
+from heads_lab import checkpoint
+from heads_lab.config import TrainerConfig
+from heads_lab.errors import CheckpointError
+from heads_lab.train import Checkpoints, Diverged, Preempted, train
+from tests.unit.test_train import _model, _split
+
+CPU = torch.device("cpu")
+CONFIG = {"model": {"heads": 4}, "seed": 0, "trainer": {"lr": 0.003, "max_steps": 12}}
+
+
+def _state(step: int) -> dict:
+    return {"step": step, "w": torch.arange(5.0) * step, "rng": checkpoint.rng_state()}
+
+
+def test_save_and_load_round_trip(tmp_path):
+    path = tmp_path / "c" / "step_0000003.pt"
+    checkpoint.save(path, _state(3))
+    back = checkpoint.load(path)
+    assert back["step"] == 3 and torch.equal(back["w"], torch.arange(5.0) * 3)
+    assert not list(path.parent.glob("*.tmp"))
+
+
+@pytest.mark.parametrize("damage,reason", [
+    (lambda b: b[:-10], "checksum"),  # truncated
+    (lambda b: b[:-100] + bytes([b[-100] ^ 1]) + b[-99:], "checksum"),  # one bit flipped
+    (lambda b: b[:20], "truncated"),
+    (lambda b: b"PK\x03\x04 not ours", "not a heads-lab checkpoint"),
+])
+def test_damaged_checkpoints_are_detected(tmp_path, damage, reason):
+    path = tmp_path / "step_0000001.pt"
+    checkpoint.save(path, _state(1))
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(CheckpointError, match=reason):
+        checkpoint.load(path)
+
+
+def test_latest_skips_a_corrupt_newest_checkpoint_with_a_warning(tmp_path, caplog):
+    for step in (4, 8):
+        checkpoint.save(checkpoint.step_path(tmp_path, step), _state(step))
+    newest = checkpoint.step_path(tmp_path, 8)
+    newest.write_bytes(newest.read_bytes()[:-1])
+    with caplog.at_level(logging.WARNING):
+        state, path = checkpoint.latest(tmp_path)
+    assert state["step"] == 4 and path.name == "step_0000004.pt"
+    assert "step_0000008.pt is corrupt" in caplog.text
+
+
+def test_latest_with_only_corrupt_checkpoints_is_a_user_error(tmp_path):
+    assert checkpoint.latest(tmp_path) is None  # no checkpoints at all: a fresh run
+    path = checkpoint.step_path(tmp_path, 2)
+    checkpoint.save(path, _state(2))
+    path.write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="holds no valid checkpoint"):
+        checkpoint.latest(tmp_path)
+
+
+def test_a_full_disk_while_saving_leaves_the_previous_checkpoint_intact(tmp_path, monkeypatch,
+                                                                         caplog):
+    keeper = Checkpoints(tmp_path, TrainerConfig(keep_last=2), CONFIG)
+    first = keeper.save(_state(5), 5, best=True)
+    before = first.read_bytes()
+    real_open = open
+
+    class Full:
+        def __init__(self, f):
+            self.f, self.written = f, 0
+
+        def write(self, data):
+            self.written += len(data)
+            if self.written > 1000:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return self.f.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    monkeypatch.setattr(checkpoint, "open", lambda *a, **k: Full(real_open(*a, **k)),
+                        raising=False)
+    with caplog.at_level(logging.WARNING):
+        assert keeper.save(_state(10), 10, best=True) is None  # a warning, training continues
+    assert "No space left on device" in caplog.text and "step_0000005.pt) is intact" in caplog.text
+    assert first.read_bytes() == before and checkpoint.load(first)["step"] == 5
+    assert not checkpoint.step_path(tmp_path, 10).exists()
+    assert not list(checkpoint.checkpoint_dir(tmp_path).glob("*.tmp"))
+    assert checkpoint.load(checkpoint.checkpoint_dir(tmp_path) / "best.pt")["step"] == 5
+
+
+def test_keep_last_and_best(tmp_path):
+    keeper = Checkpoints(tmp_path, TrainerConfig(keep_last=2), CONFIG)
+    for step, best in ((1, True), (2, False), (3, True), (4, False)):
+        keeper.save(_state(step), step, best)
+    assert [s for s, _ in checkpoint.step_files(tmp_path)] == [4, 3]
+    assert checkpoint.load(checkpoint.checkpoint_dir(tmp_path) / "best.pt")["step"] == 3
+
+
+def _cfg(**kw) -> TrainerConfig:
+    base = dict(max_steps=12, max_tokens=64, lr=3e-3, warmup_steps=3, valid_every=5,
+                log_every=4, save_every=4, keep_last=3)
+    return TrainerConfig(**{**base, **kw})
+
+
+def _train(tmp_path, cfg: TrainerConfig, model=None, **kw):
+    split = _split(60)
+    model = model or _model(dropout=0.3)  # seeds torch itself
+    result = train(model, split, split, cfg, seed=0, device=CPU,
+                   checkpoints=Checkpoints(tmp_path, cfg, CONFIG), **kw)
+    return model, result
+
+
+def test_a_stopped_and_resumed_run_equals_an_uninterrupted_one(tmp_path):
+    """Stop (as on SIGTERM) at step 6, mid-epoch and between checkpoints, then resume: the final
+    weights, losses and validation history equal an uninterrupted run's bit for bit (dropout
+    on, so the RNG state must be restored too)."""
+    whole, ref = _train(tmp_path / "whole", _cfg())
+    calls = iter(range(100))
+    with pytest.raises(Preempted, match="stopped by SIGTERM at step 6"):
+        _train(tmp_path / "cut", _cfg(), stop_requested=lambda: "SIGTERM" if next(calls) == 5
+               else None)
+    assert checkpoint.latest(tmp_path / "cut")[0]["progress"]["step"] == 6
+    fresh = _model(dropout=0.3)
+    torch.manual_seed(123)  # a resumed process starts from another RNG state
+    resumed, res = _train(tmp_path / "cut", _cfg(), model=fresh)
+    assert res.resumed_from == 6 and res.steps == ref.steps == 12
+    for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert res.train_loss == ref.train_loss
+    assert res.history == ref.history and res.valid == ref.valid
+
+
+def test_resume_refuses_a_checkpoint_of_another_config(tmp_path):
+    _train(tmp_path, _cfg(max_steps=4))
+    split = _split(60)
+    other = {**CONFIG, "model": {"heads": 2}}
+    cfg = _cfg()
+    with pytest.raises(CheckpointError, match="model.heads=4, not 2"):
+        train(_model(), split, split, cfg, seed=0, device=CPU,
+              checkpoints=Checkpoints(tmp_path, cfg, other))
+
+
+def test_non_finite_steps_are_skipped_and_counted(tmp_path, caplog):
+    model = _model()
+    real_loss, calls = model.loss, iter(range(1000))
+
+    def sometimes_nan(hidden, target, eps):
+        loss, nll = real_loss(hidden, target, eps)
+        return (loss * math.nan if next(calls) in (2, 3) else loss), nll
+
+    model.loss = sometimes_nan
+    with caplog.at_level(logging.WARNING):
+        _, result = _train(tmp_path, _cfg(max_steps=8, save_every=0), model=model)
+    assert result.skipped_steps == 2 and result.steps == 8
+    assert "non-finite loss; update skipped" in caplog.text
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_a_run_of_non_finite_steps_stops_with_a_checkpoint_from_before(tmp_path):
+    model = _model()
+    real_loss, calls = model.loss, iter(range(1000))
+
+    def blows_up(hidden, target, eps):
+        loss, nll = real_loss(hidden, target, eps)
+        return (loss * math.inf if next(calls) >= 3 else loss), nll
+
+    model.loss = blows_up
+    with pytest.raises(Diverged, match="3 non-finite steps in a row after step 3"):
+        _train(tmp_path, _cfg(max_steps=20, save_every=0, max_bad_steps=3), model=model)
+    state, _ = checkpoint.latest(tmp_path)
+    assert state["progress"]["step"] == 3 and state["progress"]["skipped"] == 3
+    for name, value in state["model"].items():
+        assert torch.equal(value, model.state_dict()[name])  # the weights before the blow-up
