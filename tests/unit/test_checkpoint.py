@@ -186,3 +186,22 @@ def test_a_run_of_non_finite_steps_stops_with_a_checkpoint_from_before(tmp_path)
     assert state["progress"]["step"] == 3 and state["progress"]["skipped"] == 3
     for name, value in state["model"].items():
         assert torch.equal(value, model.state_dict()[name])  # the weights before the blow-up
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGUSR2", "SIGINT"])
+def test_stop_signals_are_caught_and_reported_then_handlers_restored(name):
+    import os
+    import signal
+
+    from heads_lab.runner import stop_signals
+
+    sig = signal.Signals[name]
+    before = signal.getsignal(sig)
+    with stop_signals() as stop:
+        assert stop() is None
+        os.kill(os.getpid(), sig)
+        assert stop() == name  # the loop sees it after the current update
+        if name == "SIGINT":  # a second Ctrl-C stops at once
+            with pytest.raises(KeyboardInterrupt):
+                os.kill(os.getpid(), sig)
+    assert signal.getsignal(sig) is before
