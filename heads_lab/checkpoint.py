@@ -12,6 +12,8 @@ strings and containers only, never arbitrary pickled code.
 
 Layout in a run dir: checkpoints/step_0000500.pt ... (the last `keep_last`), checkpoints/best.pt
 (lowest validation loss so far; a hard link to its step file where the filesystem allows).
+`Checkpoints` is the policy the training loop uses: where to save, what to keep, and which
+checkpoint a run may resume from (only one written with the same trajectory-changing settings).
 """
 
 from __future__ import annotations
@@ -28,9 +30,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from heads_lab.config import TrainerConfig
 from heads_lab.errors import CheckpointError
 
 log = logging.getLogger(__name__)
+# Settings that may change between a checkpoint and its resumption without changing the run.
+RESUMABLE_CHANGES = {"trainer.max_steps", "trainer.max_epochs", "trainer.valid_every",
+                     "trainer.log_every", "trainer.save_every", "trainer.keep_last",
+                     "trainer.resume", "trainer.threads", "trainer.device",
+                     "trainer.save_checkpoint", "trainer.max_bad_steps", "logger", "eval", "paths",
+                     "name", "data.root"}
 MAGIC = b"HEADSLAB-CKPT-1\n"
 DIGEST = 32  # bytes of SHA-256
 STEP_FILE = re.compile(r"step_(\d+)\.pt$")
@@ -165,3 +174,59 @@ def _fsync_dir(folder: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+class Checkpoints:
+    """Where and how often `train` saves, and what it resumes from. `config` is the run's
+    resolved config (stored in each checkpoint and compared on resume). `is_writer` is False on
+    data-parallel ranks other than 0: they resume like rank 0 but never write."""
+
+    def __init__(self, run_dir: Path, cfg: TrainerConfig, config: dict[str, Any],
+                 is_writer: bool = True):
+        self.run_dir, self.cfg, self.config, self.is_writer = Path(run_dir), cfg, config, is_writer
+        self.last_path: Path | None = None
+
+    def resume_state(self) -> dict[str, Any] | None:
+        if self.cfg.resume != "auto":
+            return None
+        found = latest(self.run_dir)
+        if found is None:
+            return None
+        state, path = found
+        _check_same_run(state.get("config", {}), self.config, path)
+        log.info("resuming from %s (step %d)", path, state["progress"]["step"])
+        self.last_path = path
+        return state
+
+    def save(self, state: dict[str, Any], step: int, best: bool) -> Path | None:
+        if not self.is_writer:
+            return None
+        path = step_path(self.run_dir, step)
+        try:
+            save(path, {**state, "config": self.config})
+        except OSError as err:
+            previous = f"the previous one ({self.last_path.name}) is intact" if self.last_path else \
+                "no earlier checkpoint exists"
+            log.warning("checkpoint at step %d not saved (%s); %s; training continues",
+                        step, err.strerror or err, previous)
+            return None
+        self.last_path = path
+        if best:
+            mark_best(self.run_dir, path)
+        prune(self.run_dir, self.cfg.keep_last)
+        return path
+
+
+def _check_same_run(saved: dict[str, Any], current: dict[str, Any], path: Path) -> None:
+    """A checkpoint resumes only the run that wrote it: compare every setting that changes the
+    trajectory (model, data, seed, optimizer, batches, precision)."""
+    from heads_lab.tracking import flatten
+
+    old, new = flatten(saved), flatten(current)
+    for key in sorted(set(old) | set(new)):
+        if any(key == k or key.startswith(k + ".") for k in RESUMABLE_CHANGES):
+            continue
+        if old.get(key) != new.get(key):
+            raise CheckpointError(
+                f"{path} was written by a run with {key}={old.get(key)!r}, not {new.get(key)!r}; "
+                "resume with the same settings, or use another run dir (or trainer.resume=never)")

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from heads_lab import parallel as data_parallel
+from heads_lab.checkpoint import Checkpoints
 from heads_lab.config import RunConfig, cache_dir
 from heads_lab.cost import Lengths, PeakMemory, account
 from heads_lab.data import prepare, testsets
@@ -24,7 +25,7 @@ from heads_lab.errors import DataError, finished_run
 from heads_lab.evaluate import perplexity, score, translate
 from heads_lab.model import Transformer, count_parameters
 from heads_lab.tracking import Tracker, console, environment, summary_table, write_json
-from heads_lab.train import Checkpoints, autocast, resolve_device, seed_everything, train
+from heads_lab.train import autocast, resolve_device, seed_everything, train
 
 log = logging.getLogger(__name__)
 DEFAULT_THREADS = torch.get_num_threads()  # at start-up: all cores unless OMP_NUM_THREADS says

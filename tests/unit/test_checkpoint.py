@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from heads_lab import checkpoint
+from heads_lab.checkpoint import Checkpoints
 from heads_lab.config import TrainerConfig
 from heads_lab.errors import CheckpointError
-from heads_lab.train import Checkpoints, Diverged, Preempted, train
+from heads_lab.train import Diverged, Preempted, train
 from tests.unit.test_train import _model, _split
 
 CPU = torch.device("cpu")
