@@ -26,6 +26,9 @@ commands:
   eval     evaluate a finished or partial run again from its checkpoints (another beam, split
            or test set; eval.average_last=N averages the last N checkpoints)
            e.g. heads-lab eval outputs/runs/2026-11-22/14-03-12_model.heads=8 eval.beam=5
+  report   a study's table from its runs: settings, params, PPL, BLEU, chrF (mean ± std over
+           seeds), paired-bootstrap p vs the base row, speed; Markdown, CSV and PNG plots
+           e.g. heads-lab report outputs/multiruns/2026-11-22/14-05-40
   bench    training and decoding speed side by side (MHA at h = 1..32, talking heads,
            multi-query, bf16, torch.nn.Transformer), MFU, memory; --depth: Liu et al. curves
 
@@ -82,7 +85,9 @@ def _run_hydra(task: Callable, command: str, overrides: list[str]) -> int:
 
     from heads_lab.config import config_dir, register_configs
 
-    _refuse_finished_run_dir(overrides)
+    _RERUN[:] = ["--rerun"] if "--rerun" in overrides else []
+    overrides = [o for o in overrides if o != "--rerun"]
+    _refuse_finished_run_dir(overrides)  # a sweep may hold its own finished jobs (skipped)
     _check_writable_run_dir(overrides)
     if _is_multirun(overrides):
         _check_sweep(overrides)
@@ -143,17 +148,52 @@ def _is_multirun(overrides: list[str]) -> bool:
 
 
 def _refuse_finished_run_dir(overrides: list[str]) -> None:
-    """An explicit `hydra.run.dir` (or, in a sweep, `hydra.sweep.dir`) holding a finished run
-    fails before Hydra writes anything into it."""
+    """An explicit `hydra.run.dir` holding a finished run fails before Hydra writes anything
+    into it. An explicit `hydra.sweep.dir` may hold finished jobs of the same sweep (they are
+    skipped), but not a finished run of any other config."""
     from heads_lab.errors import finished_run
 
-    key = "hydra.sweep.dir=" if _is_multirun(overrides) else "hydra.run.dir="
+    sweep = _is_multirun(overrides)
+    key = "hydra.sweep.dir=" if sweep else "hydra.run.dir="
     for item in overrides:
-        if item.startswith(key):
-            where = Path(item.split("=", 1)[1])
-            finished = next(iter(sorted(where.rglob("results.json"))), None) if where.is_dir() else None
-            if finished is not None:
-                raise finished_run(finished.parent)
+        if not item.startswith(key):
+            continue
+        where = Path(item.split("=", 1)[1])
+        finished = sorted(where.rglob("results.json")) if where.is_dir() else []
+        if not finished:
+            continue
+        if not sweep:
+            raise finished_run(finished[0].parent)
+        jobs = _sweep_jobs(overrides) or []  # unknown (unparsable) jobs: refuse, to be safe
+        for path in finished:
+            try:
+                done = _by_key(json.loads(path.read_text()).get("overrides", []))
+            except (OSError, json.JSONDecodeError):
+                done = {}
+            if done not in jobs:  # a finished job of this very sweep is skipped, not refused
+                raise finished_run(path.parent)
+
+
+def _by_key(overrides: list[str]) -> dict[str, str]:
+    """Overrides as {key: value}, the last one of a key winning (as Hydra applies them)."""
+    return dict(o.split("=", 1) if "=" in o else (o, "") for o in overrides)
+
+
+def _sweep_jobs(overrides: list[str]) -> list[dict[str, str]] | None:
+    """Every job's task overrides, as Hydra's basic sweeper forms them: the command line's
+    sweeps and the preset's hydra.sweeper.params (the command line wins for a key)."""
+    from heads_lab.config import compose, expand_sweeps
+
+    plain = [o for o in overrides if not o.startswith("-")]
+    try:
+        params = compose([o for o in plain if "," not in o.split("=", 1)[-1]],
+                         hydra=True).hydra.sweeper.params or {}
+        given = {o.split("=", 1)[0] for o in plain}
+        extra = [f"{k}={v}" for k, v in params.items() if k not in given]
+        return [_by_key([o for o in job if not o.startswith("hydra.")])
+                for job in expand_sweeps(plain + extra)]
+    except Exception:
+        return None
 
 
 def _check_writable_run_dir(overrides: list[str]) -> None:
@@ -237,16 +277,46 @@ def train_task(cfg) -> float | None:
 
     hydra_cfg = HydraConfig.get()
     with _user_errors(hydra_cfg):
+        run_dir = Path(hydra_cfg.runtime.output_dir)
+        finished = _finished_job(run_dir, hydra_cfg)
+        if finished is not None:
+            return finished
         run = to_object(cfg)
         validate(run)
         results = run_training(
-            run, config=to_dict(cfg), run_dir=Path(hydra_cfg.runtime.output_dir),
+            run, config=to_dict(cfg), run_dir=run_dir,
             overrides=list(hydra_cfg.overrides.task),
         )
         return results.get("metrics", {}).get("valid/loss")  # what Hydra sweepers minimise
     return None
 
 
+def _finished_job(run_dir: Path, hydra_cfg) -> float | None:
+    """A sweep run again into the same dir (hydra.sweep.dir=...) skips the jobs whose results
+    are complete, so a crashed or timed-out sweep resumes where it stopped; unfinished jobs
+    resume from their checkpoints. With --rerun a finished job's results, outputs and
+    checkpoints move into <job dir>/previous-<time>/ and the job runs afresh."""
+    import time
+
+    done = run_dir / "results.json"
+    if not done.is_file():
+        return None
+    if _RERUN:  # keep the earlier results: move them into previous-<time>/ in the run dir
+        aside = run_dir / f"previous-{time.strftime('%Y%m%d-%H%M%S')}"
+        aside.mkdir()
+        for item in run_dir.iterdir():
+            if item.name in ("results.json", "checkpoints", "evals", "wandb-run-id") or \
+                    item.suffix == ".txt":
+                item.rename(aside / item.name)
+        print(f"job {hydra_cfg.job.num}: earlier results moved to {aside}; running again",
+              file=sys.stderr)
+        return None
+    print(f"job {hydra_cfg.job.num} ({run_dir.name}) is already complete: skipped "
+          "(--rerun runs it again)", file=sys.stderr)
+    return json.loads(done.read_text()).get("metrics", {}).get("valid/loss")
+
+
+_RERUN: list[str] = []
 _FAILED_JOBS: list[str] = []
 _FIXED_OVERRIDES: set[str] = set()  # a sweep's overrides that every job shares
 
@@ -275,6 +345,17 @@ def _user_errors(hydra_cfg):
         job = ",".join(varying) or str(hydra_cfg.job.num)
         print(f"error: job {hydra_cfg.job.num} ({job}): {err}", file=sys.stderr)
         _FAILED_JOBS.append(job)
+        _record_failure(Path(hydra_cfg.runtime.output_dir), str(err))
+
+
+def _record_failure(run_dir: Path, error: str) -> None:
+    """A failed sweep job says so in its run dir (failed.json), for `heads-lab report`."""
+    from heads_lab.tracking import write_json
+
+    try:
+        write_json(run_dir / "failed.json", {"status": "failed", "error": error})
+    except OSError:
+        pass
 
 
 def _signal_number(name: str) -> int:
@@ -324,6 +405,12 @@ def eval_command(args: list[str]) -> int:
     return eval_main(args)
 
 
+def report_command(args: list[str]) -> int:
+    from heads_lab.report import main as report_main
+
+    return report_main(args)
+
+
 def bench_command(args: list[str]) -> int:
     from heads_lab.bench import main as bench_main
 
@@ -331,7 +418,8 @@ def bench_command(args: list[str]) -> int:
 
 
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
-    "train": train_command, "eval": eval_command, "info": info_command, "bench": bench_command}
+    "train": train_command, "eval": eval_command, "report": report_command, "info": info_command,
+    "bench": bench_command}
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ def register_configs() -> None:
 
     OmegaConf.register_new_resolver("hl_suffix", run_dir_suffix, replace=True)
     OmegaConf.register_new_resolver("hl_now", lambda fmt: start_time().strftime(fmt), replace=True)
+    OmegaConf.register_new_resolver("hl_div", lambda a, b: int(a) // int(b), replace=True)
 
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunConfig)
@@ -94,14 +95,15 @@ def start_time() -> datetime.datetime:
     return _START[0]
 
 
-def compose(overrides: list[str]) -> DictConfig:
-    """conf/train.yaml composed with overrides, as `heads-lab train` would (no run dir)."""
+def compose(overrides: list[str], hydra: bool = False) -> DictConfig:
+    """conf/train.yaml composed with overrides, as `heads-lab train` would (no run dir); with
+    `hydra`, the `hydra` node (sweeper, launcher, dirs) is included."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
     register_configs()
     with initialize_config_dir(str(config_dir()), version_base="1.3"):
-        return hydra_compose("train", overrides=overrides)
+        return hydra_compose("train", overrides=overrides, return_hydra_config=hydra)
 
 
 def expand_sweeps(overrides: list[str]) -> list[list[str]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from omegaconf import MISSING
 
@@ -241,6 +242,14 @@ class CostConfig:
 
 
 @dataclass
+class ReportConfig:
+    # How `heads-lab report` reads a study (experiment presets set these): the base row the other
+    # rows are tested against, e.g. {model.heads: 8}, and published numbers to print beside ours.
+    base: dict[str, Any] = field(default_factory=dict)
+    paper: str | None = None  # table_a: Vaswani et al. 2017, Table 3 (A)
+
+
+@dataclass
 class RunConfig:
     model: ModelConfig = MISSING
     data: DataConfig = MISSING
@@ -249,5 +258,6 @@ class RunConfig:
     logger: LoggerConfig = MISSING
     paths: PathsConfig = field(default_factory=PathsConfig)
     cost: CostConfig = field(default_factory=CostConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
     seed: int = 1
     name: str = "train"  # experiment name (wandb group when none is set)

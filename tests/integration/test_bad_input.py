@@ -89,6 +89,7 @@ CASES = [
     ("eval-not-a-run", "empty-dir", ["eval", "."], ["not a heads-lab run dir"]),
     ("eval-bad-override", None, ["eval", ".", "model.heads=2"],
      ["evaluation settings only", "model.heads=2"]),
+    ("report-no-results", None, ["report", "."], ["no finished runs (results.json) under"]),
 ]
 
 
@@ -121,6 +122,6 @@ def test_bad_input_is_one_line_exit_2_and_loses_nothing(earlier_run, tmp_path, n
         proc = heads_lab("train", *FAST, *extra, *rest, cwd=cwd)
     else:
         target = [str(tmp_path)] if rest[:1] == ["."] else rest[:1]
-        proc = heads_lab("eval", *target, *rest[1:], cwd=cwd)
+        proc = heads_lab(command, *target, *rest[1:], cwd=cwd)
     _assert_one_line_error(proc, *fragments)
     assert _fingerprint(run_dir) == before  # the earlier run: every file as it was

@@ -169,6 +169,21 @@ def test_a_sweep_dir_holding_finished_runs_is_refused(tiny_run_dir, tmp_path):
     assert {p: p.read_bytes() for p in tiny_run_dir.rglob("*") if p.is_file()} == before
 
 
+def test_a_finished_sweep_job_is_skipped_or_rerun_with_its_results_kept(tmp_path):
+    args = ["train", "-m", *TINY, "trainer.max_steps=4", "model.heads=2",
+            f"hydra.sweep.dir={tmp_path / 's'}"]
+    assert heads_lab(*args, cwd=tmp_path).returncode == 0
+    (done,) = (tmp_path / "s").rglob("results.json")
+    first = done.read_bytes()
+    again = heads_lab(*args, cwd=tmp_path)
+    assert again.returncode == 0 and "already complete: skipped" in again.stderr
+    assert done.read_bytes() == first
+    rerun = heads_lab(*args, "--rerun", cwd=tmp_path)
+    assert rerun.returncode == 0, rerun.stderr
+    (kept,) = done.parent.glob("previous-*/results.json")
+    assert kept.read_bytes() == first and done.is_file()
+
+
 def test_wandb_one_offline_run_per_job_when_the_server_is_unreachable(tmp_path):
     """logger.mode=online without a network: a warning, then offline logging; one wandb run
     per sweep job, each finished."""

@@ -1,0 +1,307 @@
+"""`heads-lab report <multirun dirs or run dirs>`: a study's table from the runs' own files.
+
+Reads every results.json under the dirs (no wandb needed), groups the runs by the settings that
+vary between them (seeds pooled), and writes, next to the first dir (or --out): report.md,
+report.csv and two PNGs (BLEU and PPL against the swept setting with error bars; quality against
+cost). Each row: the varied settings, the head shape (h, h_K, h_V, kv_heads, d_k, layers),
+parameters, valid PPL, test BLEU and chrF as mean ± std over seeds, tokens/s and peak memory,
+and sacrebleu's paired bootstrap p-value of its BLEU against the base row (the preset's
+`report.base`, else the first row), on the seed-matched hypotheses. Runs that failed or never
+finished are listed, never averaged in. With `report.paper=table_a` the published Table 3 (A)
+numbers are printed beside ours, labelled as the paper's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from heads_lab.errors import DataError
+
+USAGE = "heads-lab report <dir> [<dir> ...] [--out DIR] [--samples N]"
+# Vaswani et al. 2017, Table 3 row (A): WMT14 en-de newstest2013, dev PPL (per wordpiece) / BLEU.
+PAPER = {"table_a": {"key": "model.heads", "label": "Vaswani et al. 2017 Table 3 (A), WMT14 "
+                     "en-de newstest2013", "rows": {1: (5.29, 24.9), 4: (5.00, 25.5),
+                                                    8: (4.92, 25.8), 16: (4.91, 25.8),
+                                                    32: (5.01, 25.4)}}}
+# Settings that never define a row: where things go, how they are logged, the seed.
+IGNORED = ("seed", "name", "paths.", "logger.", "report.", "trainer.device", "trainer.threads",
+           "trainer.valid_every", "trainer.log_every", "trainer.save_every", "trainer.keep_last",
+           "trainer.resume", "trainer.save_checkpoint", "data.root", "cost.")
+SHAPE = (("h", "model.heads"), ("h_K", "model.heads_k"), ("h_V", "model.heads_v"),
+         ("kv", "model.kv_heads"), ("d_k", "model.head_dim"), ("enc+dec", None))
+
+
+@dataclass
+class Run:
+    dir: Path
+    config: dict[str, Any]  # flattened
+    metrics: dict[str, float]
+    results: dict[str, Any]
+
+
+@dataclass
+class Row:
+    key: tuple
+    label: str
+    runs: list[Run] = field(default_factory=list)
+    p_value: float | None = None
+
+
+def main(args: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="heads-lab report", usage=USAGE, description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("dirs", nargs="+", help="multirun dirs, run dirs, or dirs holding them")
+    parser.add_argument("--out", help="where to write report.md/.csv/.png (default: first dir)")
+    parser.add_argument("--samples", type=int, default=1000, help="bootstrap resamples")
+    opts = parser.parse_args(args)
+    runs, problems = collect([Path(d) for d in opts.dirs])
+    rows, varying = group(runs)
+    base = base_row(rows, runs)
+    split = runs[0].results["decoding"]["split"]
+    significance(rows, base, split, opts.samples)
+    out = Path(opts.out or opts.dirs[0])
+    out.mkdir(parents=True, exist_ok=True)
+    table = render(rows, base, varying, split, paper_of(runs))
+    from heads_lab.tracking import console
+
+    console.print(rich_table(table))
+    for where, status in problems:
+        console.print(f"[yellow]not in the table[/]: {where} ({status})")
+    write_markdown(out / "report.md", table, problems)
+    write_csv(out / "report.csv", table)
+    pngs = plot(rows, varying, split, out)
+    console.print(f"report: {out / 'report.md'}, {out / 'report.csv'}, " + ", ".join(map(str, pngs)))
+    return 0
+
+
+def collect(dirs: list[Path]) -> tuple[list[Run], list[tuple[str, str]]]:
+    """Complete runs, and (dir, status) of runs that failed or have no results."""
+    from heads_lab.tracking import flatten
+
+    runs, problems = [], []
+    for d in dirs:
+        if not d.is_dir():
+            raise DataError(f"no dir {d}; give multirun or run dirs (e.g. outputs/multiruns/...)")
+    run_dirs = sorted({p.parent.parent for d in dirs for p in d.rglob(".hydra/config.yaml")} |
+                      {p.parent for d in dirs for p in d.rglob("results.json")})
+    for run_dir in run_dirs:
+        path = run_dir / "results.json"
+        if not path.is_file():
+            failed = run_dir / "failed.json"
+            status = (json.loads(failed.read_text()).get("error", "failed") if failed.is_file()
+                      else "no results.json: still running, killed, or not started")
+            problems.append((str(run_dir), status))
+            continue
+        try:
+            results = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            problems.append((str(run_dir), f"unreadable results.json: {err}"))
+            continue
+        if results.get("status") != "complete":
+            problems.append((str(run_dir), results.get("status", "incomplete")))
+            continue
+        runs.append(Run(run_dir, flatten(results["config"]), results["metrics"], results))
+    if not runs:
+        raise DataError(f"no finished runs (results.json) under {', '.join(map(str, dirs))}; "
+                        "point heads-lab report at the dirs `heads-lab train` wrote")
+    return runs, problems
+
+
+def group(runs: list[Run]) -> tuple[list[Row], list[str]]:
+    keys = sorted({k for r in runs for k in r.config})
+    varying = [k for k in keys if not k.startswith(IGNORED)
+               and len({json.dumps(r.config.get(k), sort_keys=True) for r in runs}) > 1]
+    rows: dict[tuple, Row] = {}
+    for run in runs:
+        key = tuple(json.dumps(run.config.get(k), sort_keys=True) for k in varying)
+        label = ",".join(f"{k.split('.')[-1]}={run.config.get(k)}" for k in varying) or "all runs"
+        rows.setdefault(key, Row(key, label)).runs.append(run)
+    return list(rows.values()), varying
+
+
+def base_row(rows: list[Row], runs: list[Run]) -> Row:
+    """The row matching the preset's report.base settings, else the first row."""
+    wanted = {k[len("report.base."):]: v for k, v in runs[0].config.items()
+              if k.startswith("report.base.")}
+    for row in rows:
+        cfg = row.runs[0].config
+        if wanted and all(cfg.get(k) == v for k, v in wanted.items()):
+            return row
+    return rows[0]
+
+
+def significance(rows: list[Row], base: Row, split: str, samples: int) -> None:
+    """Paired bootstrap (sacrebleu) of each row's BLEU against the base row, on the hypotheses
+    of the seeds every row has, concatenated in seed order."""
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    common = set.intersection(*({r.config.get("seed") for r in row.runs} for row in rows))
+    if len(rows) < 2 or not common:
+        return
+    seeds = sorted(common)
+
+    def texts(row: Row, kind: str) -> list[str]:
+        by_seed = {r.config.get("seed"): r for r in row.runs}
+        out = []
+        for s in seeds:
+            path = by_seed[s].dir / f"{kind}.{split}.txt"
+            out += path.read_text(encoding="utf-8").splitlines()
+        return out
+
+    refs = texts(base, "refs")
+    others = [row for row in rows if row is not base]
+    named = [(base.label, texts(base, "hyps"))] + [(row.label, texts(row, "hyps")) for row in others]
+    if any(len(h) != len(refs) for _, h in named):
+        return  # different test sets: no paired test
+    test = PairedTest(named, {"BLEU": BLEU()}, [refs], test_type="bs", n_samples=samples)
+    _, scores = test()
+    for row, result in zip(others, scores["BLEU"][1:]):
+        row.p_value = result.p_value
+
+
+def _stat(values: list[float], digits: int) -> str:
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    if not values:
+        return "-"
+    mean = statistics.fmean(values)
+    if len(values) == 1:
+        return f"{mean:.{digits}f}"
+    return f"{mean:.{digits}f} ± {statistics.stdev(values):.{digits}f}"
+
+
+def paper_of(runs: list[Run]) -> dict | None:
+    return PAPER.get(runs[0].config.get("report.paper") or "")
+
+
+def render(rows: list[Row], base: Row, varying: list[str], split: str,
+           paper: dict | None) -> dict[str, Any]:
+    """The table as header + string rows (shared by the console, Markdown and CSV)."""
+    header = ["setting", *[name for name, _ in SHAPE], "params", "seeds", "valid PPL",
+              f"{split} BLEU", f"{split} chrF", "p vs base", "tok/s", "peak MB"]
+    if paper:
+        header += ["paper PPL", "paper BLEU"]
+    body = []
+    for row in rows:
+        c, m = row.runs[0].config, [r.metrics for r in row.runs]
+        shape = []
+        for _, key in SHAPE:
+            if key is None:
+                shape.append(f"{c.get('model.encoder_layers')}+{c.get('model.decoder_layers')}")
+            elif key == "model.head_dim":
+                shape.append(str(row.runs[0].results.get("cost", {}).get("d_head")
+                                 or c.get(key) or c["model.d_model"] // c["model.heads"]))
+            else:
+                shape.append(str(c.get(key) if c.get(key) is not None else c.get("model.heads")))
+        cells = [row.label + (" (base)" if row is base else ""), *shape,
+                 f"{int(m[0]['cost/params']):,}",
+                 str(len(row.runs)), _stat([x["valid/ppl"] for x in m], 2),
+                 _stat([x.get(f"{split}/bleu") for x in m], 2),
+                 _stat([x.get(f"{split}/chrf") for x in m], 2),
+                 "-" if row.p_value is None else f"{row.p_value:.4f}",
+                 _stat([x["train/tokens_per_s"] for x in m], 0),
+                 _stat([x["cost/peak_mem_mb"] for x in m], 0)]
+        if paper:
+            published = paper["rows"].get(c.get(paper["key"]))
+            cells += [f"{published[0]:.2f}", f"{published[1]:.1f}"] if published else ["", ""]
+        body.append(cells)
+    note = ("mean ± std over seeds; p: sacrebleu paired bootstrap of BLEU vs the base row "
+            "(seed-matched hypotheses)")
+    if paper:
+        note += f"; paper columns: {paper['label']} (theirs, not ours)"
+    return {"header": header, "rows": body, "note": note, "varying": varying}
+
+
+def rich_table(table: dict[str, Any]):
+    from rich.table import Table
+
+    out = Table(title="heads-lab report", caption=table["note"], title_justify="left")
+    for i, col in enumerate(table["header"]):
+        out.add_column(col, justify="left" if i == 0 else "right", no_wrap=i == 0)
+    for row in table["rows"]:
+        out.add_row(*row)
+    return out
+
+
+def write_markdown(path: Path, table: dict[str, Any], problems: list[tuple[str, str]]) -> None:
+    lines = ["| " + " | ".join(table["header"]) + " |",
+             "|" + "|".join(["---"] + ["---:"] * (len(table["header"]) - 1)) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in table["rows"]]
+    lines += ["", f"*{table['note']}*", ""]
+    if problems:
+        lines += ["Not in the table:", ""] + [f"- `{d}`: {s}" for d, s in problems] + [""]
+    _write(path, "\n".join(lines))
+
+
+def write_csv(path: Path, table: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".csv.tmp")
+    with open(tmp, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(table["header"])
+        writer.writerows(table["rows"])
+    tmp.replace(path)
+
+
+def plot(rows: list[Row], varying: list[str], split: str, out: Path) -> list[Path]:
+    """BLEU and PPL against the swept setting (numeric when one setting varies), and BLEU
+    against training tokens/s; error bars are the std over seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def series(metric: str):
+        values = [[r.metrics.get(metric) for r in row.runs] for row in rows]
+        return ([statistics.fmean(v) for v in values],
+                [statistics.stdev(v) if len(v) > 1 else 0.0 for v in values])
+
+    numeric = len(varying) == 1 and all(
+        isinstance(row.runs[0].config.get(varying[0]), (int, float)) for row in rows)
+    xs = [row.runs[0].config.get(varying[0]) for row in rows] if numeric else list(range(len(rows)))
+    order = sorted(range(len(rows)), key=lambda i: xs[i])
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, metric, name in ((axes[0], f"{split}/bleu", f"{split} BLEU"),
+                             (axes[1], "valid/ppl", "valid PPL")):
+        mean, std = series(metric)
+        ax.errorbar([xs[i] for i in order], [mean[i] for i in order], [std[i] for i in order],
+                    marker="o", capsize=4)
+        ax.set_ylabel(name)
+        ax.set_xlabel(varying[0] if numeric else "setting")
+        if numeric and min(xs) > 0 and max(xs) / min(xs) >= 8:
+            ax.set_xscale("log", base=2)
+        if not numeric:
+            ax.set_xticks(range(len(rows)), [rows[i].label for i in range(len(rows))],
+                          rotation=30, ha="right", fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    first = out / "report_quality.png"
+    fig.savefig(first, dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    speed, speed_std = series("train/tokens_per_s")
+    bleu, bleu_std = series(f"{split}/bleu")
+    ax.errorbar(speed, bleu, yerr=bleu_std, xerr=speed_std, fmt="o", capsize=3)
+    for row, x, y in zip(rows, speed, bleu):
+        ax.annotate(row.label, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel("training target tokens/s")
+    ax.set_ylabel(f"{split} BLEU")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    second = out / "report_quality_vs_cost.png"
+    fig.savefig(second, dpi=120)
+    plt.close(fig)
+    return [first, second]
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)

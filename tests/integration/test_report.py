@@ -1,0 +1,98 @@
+"""`heads-lab report` on a real (tiny) Table (A) sweep with two seeds: the table's numbers are
+the runs' own, the p-values are sacrebleu's paired bootstrap, the files are written."""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+from sacrebleu.metrics import BLEU
+from sacrebleu.significance import PairedTest
+
+from tests.conftest import TINY
+from tests.integration.test_cli import _assert_one_line_error, heads_lab
+
+SMALL = [o for o in TINY if not o.startswith("trainer.max_steps")] + ["trainer.max_steps=12",
+                                                                      "data=synthetic"]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory) -> Path:
+    cwd = tmp_path_factory.mktemp("sweep")
+    proc = heads_lab("train", "-m", "+experiment=table_a", *SMALL, "model.heads=1,4", "seed=1,2",
+                     f"hydra.sweep.dir={cwd / 'study'}", cwd=cwd, timeout=600)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    return cwd / "study"
+
+
+def test_table_a_preset_holds_its_sweep_values(tmp_path):
+    proc = heads_lab("train", "+experiment=table_a", *SMALL, "--cfg", "hydra", cwd=tmp_path)
+    assert "model.heads: 1,4,8,16,32" in proc.stdout, proc.stdout[-2000:] + proc.stderr
+
+
+def test_report_table_numbers_and_significance(sweep):
+    proc = heads_lab("report", str(sweep), "--samples", "200", cwd=sweep)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    results = [json.loads(p.read_text()) for p in sorted(sweep.rglob("results.json"))]
+    assert len(results) == 4
+    with open(sweep / "report.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    # the preset's base row (h = 8) is not in this sweep: the first row is the base
+    assert [r["setting"] for r in rows] == ["heads=1 (base)", "heads=4"]
+    by_h = {h: [r for r in results if r["config"]["model"]["heads"] == h] for h in (1, 4)}
+    for row, h in zip(rows, (1, 4)):
+        bleus = [r["metrics"]["test/bleu"] for r in by_h[h]]
+        assert row["seeds"] == "2" and row["h"] == str(h)
+        assert row["test BLEU"] == f"{statistics.fmean(bleus):.2f} ± {statistics.stdev(bleus):.2f}"
+        assert row["paper BLEU"] == {1: "24.9", 4: "25.5"}[h]  # labelled as the paper's
+
+    def texts(h: int, kind: str) -> list[str]:
+        out = []
+        for seed in (1, 2):
+            (run,) = [r for r in by_h[h] if r["config"]["seed"] == seed]
+            out += (Path(run["run_dir"]) / f"{kind}.test.txt").read_text().splitlines()
+        return out
+
+    test = PairedTest([("1", texts(1, "hyps")), ("4", texts(4, "hyps"))], {"BLEU": BLEU()},
+                      [texts(1, "refs")], test_type="bs", n_samples=200)
+    _, scores = test()
+    assert rows[1]["p vs base"] == f"{scores['BLEU'][1].p_value:.4f}"
+    assert rows[0]["p vs base"] == "-"
+    md = (sweep / "report.md").read_text()
+    assert "Vaswani et al. 2017 Table 3 (A)" in md and "| heads=4 |" in md
+    for png in ("report_quality.png", "report_quality_vs_cost.png"):
+        assert (sweep / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_lists_failed_and_unfinished_runs(sweep, tmp_path):
+    broken = sweep / "9_broken"
+    (broken / ".hydra").mkdir(parents=True)
+    (broken / ".hydra" / "config.yaml").write_text("{}\n")
+    (broken / "failed.json").write_text(json.dumps({"status": "failed", "error": "boom"}))
+    try:
+        proc = heads_lab("report", str(sweep), "--out", str(tmp_path), cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        md = (tmp_path / "report.md").read_text()
+        assert "Not in the table" in md and "9_broken`: boom" in md
+        assert "| heads=1 (base)" in md  # the four finished runs are all still there
+    finally:
+        import shutil
+
+        shutil.rmtree(broken)
+
+
+def test_report_on_a_dir_without_results_is_one_line(tmp_path):
+    _assert_one_line_error(heads_lab("report", str(tmp_path), cwd=tmp_path),
+                           "no finished runs (results.json) under", "point heads-lab report")
+
+
+def test_running_the_same_sweep_again_skips_finished_jobs(sweep):
+    before = {p: p.read_bytes() for p in sweep.rglob("results.json")}
+    proc = heads_lab("train", "-m", "+experiment=table_a", *SMALL, "model.heads=1,4", "seed=1,2",
+                     f"hydra.sweep.dir={sweep}", cwd=sweep.parent)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("is already complete: skipped") == 4
+    assert {p: p.read_bytes() for p in sweep.rglob("results.json")} == before
