@@ -69,8 +69,12 @@ def main(args: list[str]) -> int:
     out = Path(opts.out or opts.dirs[0])
     out.mkdir(parents=True, exist_ok=True)
     table = render(rows, base, varying, split, paper_of(runs))
+    from rich.console import Console
+
     from heads_lab.tracking import console
 
+    if not console.is_terminal:  # piped or captured: room for the whole table
+        console = Console(width=220)
     console.print(rich_table(table))
     for where, status in problems:
         console.print(f"[yellow]not in the table[/]: {where} ({status})")
@@ -173,8 +177,8 @@ def _stat(values: list[float], digits: int) -> str:
         return "-"
     mean = statistics.fmean(values)
     if len(values) == 1:
-        return f"{mean:.{digits}f}"
-    return f"{mean:.{digits}f} ± {statistics.stdev(values):.{digits}f}"
+        return f"{mean:,.{digits}f}"
+    return f"{mean:,.{digits}f} ± {statistics.stdev(values):,.{digits}f}"
 
 
 def paper_of(runs: list[Run]) -> dict | None:
