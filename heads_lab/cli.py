@@ -199,20 +199,12 @@ def _sweep_jobs(overrides: list[str]) -> list[dict[str, str]] | None:
 def _check_writable_run_dir(overrides: list[str]) -> None:
     """An explicit run or sweep dir that cannot be created fails in one line before Hydra
     tries (a path under a file, a read-only or full filesystem)."""
-    from heads_lab.errors import ConfigError
+    from heads_lab.runner import ensure_writable
 
     for item in overrides:
         if item.startswith(("hydra.run.dir=", "hydra.sweep.dir=")):
             key, where = item.split("=", 1)
-            path = Path(where)
-            try:
-                path.mkdir(parents=True, exist_ok=True)
-                probe = path / ".write-test"
-                probe.write_bytes(b"")
-                probe.unlink()
-            except OSError as err:
-                raise ConfigError(f"cannot write to {key}={where}: {err.strerror or err}; choose "
-                                  "a writable dir") from None
+            ensure_writable(Path(where), key)
 
 
 def _check_sweep(overrides: list[str]) -> None:

@@ -51,6 +51,7 @@ def main(args: list[str]) -> int:
 
 
 def _evaluate(run, config: dict, run_dir: Path, overrides: list[str], files) -> int:
+    from heads_lab.config import cache_dir
     from heads_lab.data import prepare
     from heads_lab.model import Transformer
     from heads_lab.runner import evaluate_on_split
@@ -74,7 +75,7 @@ def _evaluate(run, config: dict, run_dir: Path, overrides: list[str], files) -> 
         raise CheckpointError(
             f"eval.average_last={run.eval.average_last} but {run_dir} has only {len(states)} valid "
             f"checkpoint(s); train with trainer.keep_last >= {run.eval.average_last}")
-    corpus = prepare(run.data, cache_dir_for(run))
+    corpus = prepare(run.data, cache_dir(run.paths))
     model = Transformer(run.model, len(corpus.tokenizer), corpus.tokenizer.pad)
     model.load_state_dict(average(states))
     model.to(device).eval()
@@ -102,12 +103,6 @@ def _evaluate(run, config: dict, run_dir: Path, overrides: list[str], files) -> 
     console.print(f"BLEU signature: {scores['bleu_signature']}")
     console.print(f"results: {out_dir / 'eval.json'}")
     return 0
-
-
-def cache_dir_for(run) -> Path:
-    from heads_lab.config import cache_dir
-
-    return cache_dir(run.paths)
 
 
 def average(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

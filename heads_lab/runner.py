@@ -21,7 +21,7 @@ from heads_lab.config import RunConfig, cache_dir
 from heads_lab.cost import Lengths, PeakMemory, account
 from heads_lab.data import prepare, testsets
 from heads_lab.data.cleaning import describe
-from heads_lab.errors import DataError, finished_run
+from heads_lab.errors import ConfigError, DataError, finished_run
 from heads_lab.evaluate import perplexity, score, translate
 from heads_lab.model import Transformer, count_parameters
 from heads_lab.tracking import Tracker, console, environment, summary_table, write_json
@@ -37,7 +37,7 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
     started = time.perf_counter()
     if (run_dir / "results.json").is_file():
         raise finished_run(run_dir)
-    _check_writable(run_dir)
+    ensure_writable(run_dir, "the run dir")
     torch.set_num_threads(run.trainer.threads or DEFAULT_THREADS)  # never inherit a sweep job's
     seed_everything(run.seed)
     ranks = data_parallel.from_env()
@@ -199,15 +199,17 @@ def stop_signals():
             signal.signal(s, h)
 
 
-def _check_writable(run_dir: Path) -> None:
+def ensure_writable(path: Path, label: str) -> None:
+    """Create `path` and write a probe file into it; a ConfigError naming `label` (the key that
+    chose the dir) and the fix if that fails (a path under a file, read-only, or full)."""
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / ".write-test"
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".write-test"
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as err:
-        raise DataError(f"cannot write to the run dir {run_dir}: {err.strerror or err}; choose a "
-                        "writable hydra.run.dir (or fix its permissions / free space)") from None
+        raise ConfigError(f"cannot write to {label} {path}: {err.strerror or err}; choose a "
+                          "writable dir (or fix its permissions / free space)") from None
 
 
 class _NoLogger:

@@ -10,6 +10,7 @@ import math
 import random
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -195,7 +196,7 @@ def train(
             for i, ids in enumerate(mine):
                 batch = collate(train_split, ids).to(device)
                 keep = batch.tgt_out != model.pad_id  # score only real target positions
-                with parallel.no_sync(net, last=i == len(mine) - 1) if parallel else _nothing():
+                with parallel.no_sync(net, last=i == len(mine) - 1) if parallel else nullcontext():
                     with autocast(device, cfg.precision):
                         hidden = net(batch.src, batch.tgt_in, hidden_only=True)[keep]
                         loss, nll = model.loss(hidden, batch.tgt_out[keep], cfg.label_smoothing)
@@ -282,11 +283,3 @@ def train(
         skipped_steps=p.skipped,
         resumed_from=resumed_from,
     )
-
-
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
