@@ -188,7 +188,7 @@ def paper_of(runs: list[Run]) -> dict | None:
 def render(rows: list[Row], base: Row, varying: list[str], split: str,
            paper: dict | None) -> dict[str, Any]:
     """The table as header + string rows (shared by the console, Markdown and CSV)."""
-    header = ["setting", *[name for name, _ in SHAPE], "params", "seeds", "valid PPL",
+    header = ["setting", *[name for name, _ in SHAPE], "params", "runs", "valid PPL",
               f"{split} BLEU", f"{split} chrF", "p vs base", "tok/s", "peak MB"]
     if paper:
         header += ["paper PPL", "paper BLEU"]
@@ -216,8 +216,8 @@ def render(rows: list[Row], base: Row, varying: list[str], split: str,
             published = paper["rows"].get(c.get(paper["key"]))
             cells += [f"{published[0]:.2f}", f"{published[1]:.1f}"] if published else ["", ""]
         body.append(cells)
-    note = ("mean ± std over seeds; p: sacrebleu paired bootstrap of BLEU vs the base row "
-            "(seed-matched hypotheses)")
+    note = ("mean ± std over the runs (seeds) of a row; p: sacrebleu paired bootstrap of BLEU "
+            "vs the base row (seed-matched hypotheses)")
     if paper:
         note += f"; paper columns: {paper['label']} (theirs, not ours)"
     return {"header": header, "rows": body, "note": note, "varying": varying}

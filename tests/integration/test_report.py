@@ -45,7 +45,7 @@ def test_report_table_numbers_and_significance(sweep):
     by_h = {h: [r for r in results if r["config"]["model"]["heads"] == h] for h in (1, 4)}
     for row, h in zip(rows, (1, 4)):
         bleus = [r["metrics"]["test/bleu"] for r in by_h[h]]
-        assert row["seeds"] == "2" and row["h"] == str(h)
+        assert row["runs"] == "2" and row["h"] == str(h)
         assert row["test BLEU"] == f"{statistics.fmean(bleus):.2f} ± {statistics.stdev(bleus):.2f}"
         assert row["paper BLEU"] == {1: "24.9", 4: "25.5"}[h]  # labelled as the paper's
 
@@ -96,3 +96,18 @@ def test_running_the_same_sweep_again_skips_finished_jobs(sweep):
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.count("is already complete: skipped") == 4
     assert {p: p.read_bytes() for p in sweep.rglob("results.json")} == before
+
+
+@pytest.mark.parametrize("launcher", ["joblib", "submitit_local"])
+def test_launcher_plugins_run_a_two_job_sweep_that_report_reads(launcher, tmp_path):
+    """Hydra's own launchers (the `launchers` extra): parallel jobs via joblib, and separate
+    processes via submitit (as on SLURM, locally)."""
+    study = tmp_path / "study"
+    proc = heads_lab("train", "-m", f"hydra/launcher={launcher}", *SMALL, "trainer.threads=1",
+                     "model.heads=1,2", f"hydra.sweep.dir={study}", cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(list(study.rglob("results.json"))) == 2
+    report = heads_lab("report", str(study), "--samples", "100", cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    with open(study / "report.csv", newline="") as f:
+        assert [r["setting"] for r in csv.DictReader(f)] == ["heads=1 (base)", "heads=2"]
