@@ -217,6 +217,9 @@ def validate(run: RunConfig) -> None:
     _check(len(t.adam_betas) == 2, "trainer.adam_betas must be two numbers, e.g. [0.9,0.98]")
     _check(t.valid_every >= 1 and t.log_every >= 1, "trainer.valid_every/log_every must be >= 1")
     _check(t.threads is None or t.threads >= 1, f"trainer.threads={t.threads} must be >= 1")
+    _check(m.init in ("xavier", "admin"), f"model.init={m.init!r}: use xavier or admin")
+    _check(m.init != "admin" or m.norm == Norm.post,
+           "model.init=admin is for post-norm models (Liu et al. 2020): set model.norm=post")
     _check(e.average_last >= 1, f"eval.average_last={e.average_last} must be >= 1")
     _check(t.clip_norm >= 0, f"trainer.clip_norm={t.clip_norm} must be >= 0 (0 = no clipping)")
     _check(t.save_every >= 0, f"trainer.save_every={t.save_every} must be >= 0 (0 = only at the "

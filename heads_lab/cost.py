@@ -51,7 +51,8 @@ def parameter_count(cfg: ModelConfig, vocab: int) -> dict[str, int]:
         "ffn": ffn,
         "norm": n_norms * 2 * d,
     }
-    counts["total"] = counts["embeddings"] + attention + ffn + counts["norm"]
+    admin = (2 * cfg.encoder_layers + 3 * cfg.decoder_layers) * d if cfg.init == "admin" else 0
+    counts["total"] = counts["embeddings"] + attention + ffn + counts["norm"] + admin  # + Admin ω
     return {"total": counts["total"], **{k: v for k, v in counts.items() if k != "total"}}
 
 

@@ -19,11 +19,11 @@ from heads_lab import parallel as data_parallel
 from heads_lab.checkpoint import Checkpoints
 from heads_lab.config import RunConfig, cache_dir
 from heads_lab.cost import Lengths, PeakMemory, account
-from heads_lab.data import prepare, testsets
+from heads_lab.data import collate, epoch_batches, prepare, testsets
 from heads_lab.data.cleaning import describe
 from heads_lab.errors import ConfigError, DataError, finished_run
 from heads_lab.evaluate import perplexity, score, translate
-from heads_lab.model import Transformer, count_parameters
+from heads_lab.model import Transformer, admin_init, count_parameters
 from heads_lab.tracking import Tracker, console, environment, summary_table, write_json
 from heads_lab.train import autocast, resolve_device, seed_everything, train
 
@@ -63,6 +63,12 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
         log.info("data %s %s", run.data.name, describe(split, corpus.stats[split]))
 
     model = Transformer(run.model, len(corpus.tokenizer), corpus.tokenizer.pad).to(device)
+    if run.model.init == "admin":  # profile on the first training batch (a resumed run's
+        first = epoch_batches(train_split, run.trainer.max_tokens, run.seed, 0)[0]  # ω is then
+        batch = collate(train_split, first).to(device)  # replaced by its checkpoint's)
+        omegas = admin_init(model, batch.src, batch.tgt_in)
+        log.info("Admin: ω from %.2f to %.2f over %d residual branches", min(omegas),
+                 max(omegas), len(omegas))
     params = count_parameters(model)
     lengths = Lengths(float(train_split.src_lens.mean()), float(train_split.tgt_lens.mean()))
     costs = account(run.model, len(corpus.tokenizer), lengths)

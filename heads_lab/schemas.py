@@ -52,6 +52,7 @@ class ModelConfig:
     attention_dropout: float = 0.0  # on the attention weights
     activation: Activation = Activation.relu
     norm: Norm = Norm.pre
+    init: str = "xavier"  # xavier | admin (post-norm: x = LN(ω⊙x + f(x)), ω from a profiling pass)
     max_positions: int = 1024
 
     @property

@@ -10,6 +10,7 @@ from heads_lab.model.loss import label_smoothed_loss, output_loss
 from heads_lab.model.transformer import (
     Encoded,
     Transformer,
+    admin_init,
     count_parameters,
 )
 
@@ -19,6 +20,7 @@ __all__ = [
     "MultiHeadAttention",
     "TalkingHeadsAttention",
     "Transformer",
+    "admin_init",
     "count_parameters",
     "label_smoothed_loss",
     "output_loss",

@@ -44,18 +44,26 @@ class FeedForward(nn.Module):
 
 
 class Residual(nn.Module):
-    """x + dropout(f(x)) with LayerNorm before f (pre) or after the sum (post)."""
+    """x + dropout(f(x)) with LayerNorm before f (pre) or after the sum (post). With Admin
+    (model.init=admin, post-norm only) the skip is scaled: LN(ω ⊙ x + dropout(f(x))), ω a
+    learned [d_model] vector set by `admin_init`."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.norm = nn.LayerNorm(cfg.d_model)
         self.pre = cfg.norm == Norm.pre
         self.dropout = cfg.dropout
+        self.omega = nn.Parameter(torch.ones(cfg.d_model)) if cfg.init == "admin" else None
+        self.profile: list[float] | None = None  # admin_init collects Var[f(x)] here
 
     def forward(self, x: Tensor, f) -> Tensor:
         if self.pre:
             return x + dropout(f(self.norm(x)), self.dropout, self.training)
-        return self.norm(x + dropout(f(x), self.dropout, self.training))
+        out = f(x)
+        if self.profile is not None:
+            self.profile.append(out.float().var().item())
+        skip = x * self.omega if self.omega is not None else x
+        return self.norm(skip + dropout(out, self.dropout, self.training))
 
 
 def _attention(cfg: ModelConfig, site: str) -> Attention:
@@ -204,3 +212,36 @@ def count_parameters(model: Transformer) -> dict[str, int]:
     counts["talking_heads"] = sum(m.logits_mix.numel() + m.weights_mix.numel()
                                   for m in model.modules() if isinstance(m, TalkingHeadsAttention))
     return counts
+
+
+@torch.no_grad()
+def admin_init(model: Transformer, src: Tensor, tgt_in: Tensor) -> list[float]:
+    """Admin (Liu et al. 2020, "Understanding the Difficulty of Training Transformers"):
+    one profiling forward pass (eval mode, so no dropout) records v_i = Var[f_i(x_{i-1})] for
+    every residual sublayer i in order, per stack (encoder: self-attention, FFN; decoder:
+    self-attention, cross-attention, FFN); then ω_i = sqrt(v_0 + Σ_{j<i} v_j), where v_0 is the
+    variance of the stack's input (scaled embeddings + positions). The profile does not depend on
+    ω, since each f_i reads a LayerNorm output. Returns the ω values set, in order."""
+    stacks = [[r for layer in model.encoder for r in (layer.res_self, layer.res_ffn)],
+              [r for layer in model.decoder for r in (layer.res_self, layer.res_cross,
+                                                       layer.res_ffn)]]
+    if any(r.omega is None for stack in stacks for r in stack):
+        raise ValueError("admin_init needs a model built with model.init=admin")
+    was_training = model.training
+    model.eval()
+    for stack in stacks:
+        for r in stack:
+            r.profile = []
+    inputs = [model.embed_tokens(src).float().var().item(),
+              model.embed_tokens(tgt_in).float().var().item()]
+    model.decode(tgt_in, model.encode(src))
+    omegas = []
+    for stack, total in zip(stacks, inputs):
+        for r in stack:
+            (variance,) = r.profile
+            r.omega.fill_(math.sqrt(total))
+            omegas.append(math.sqrt(total))
+            total += variance
+            r.profile = None
+    model.train(was_training)
+    return omegas

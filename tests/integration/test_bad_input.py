@@ -90,6 +90,8 @@ CASES = [
     ("eval-bad-override", None, ["eval", ".", "model.heads=2"],
      ["evaluation settings only", "model.heads=2"]),
     ("report-no-results", None, ["report", "."], ["no finished runs (results.json) under"]),
+    ("admin-pre-norm", None, ["train", "model.init=admin"],
+     ["model.init=admin is for post-norm models", "model.norm=post"]),
 ]
 
 

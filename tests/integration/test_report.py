@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -111,3 +112,26 @@ def test_launcher_plugins_run_a_two_job_sweep_that_report_reads(launcher, tmp_pa
     assert report.returncode == 0, report.stderr
     with open(study / "report.csv", newline="") as f:
         assert [r["setting"] for r in csv.DictReader(f)] == ["heads=1 (base)", "heads=2"]
+
+
+def test_deep_vs_shallow_pairs_models_of_equal_heads_parameters_and_flops(tmp_path):
+    proc = heads_lab("info", "+experiment=deep_vs_shallow", "+depth=shallow,deep", "--json",
+                     cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    shallow, deep = json.loads(proc.stdout)
+    assert shallow["flops_per_token"]["train"] == deep["flops_per_token"]["train"]
+    # the same weights up to the deep model's extra LayerNorms and Admin ω vectors
+    assert 0 < deep["params"]["total"] - shallow["params"]["total"] < 0.02 * shallow["params"]["total"]
+    hydra = heads_lab("train", "+experiment=deep_vs_shallow", "--cfg", "hydra", cwd=tmp_path)
+    assert "+depth: shallow,deep" in hydra.stdout
+
+
+def test_admin_trains_end_to_end(tmp_path):
+    proc = heads_lab("train", *SMALL, "model.norm=post", "model.init=admin",
+                     f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert "Admin: ω from" in (tmp_path / "run" / "train.log").read_text()
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert math.isfinite(results["metrics"]["valid/loss"])
+    history = results["train"]["valid_history"]
+    assert history[-1]["valid/loss"] < history[0]["valid/loss"] or len(history) == 1
