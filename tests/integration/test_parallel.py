@@ -24,10 +24,14 @@ def test_two_cpu_processes_match_one_process_with_the_same_global_batch(tmp_path
     assert single.returncode == 0, single.stderr + single.stdout
 
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         "-m", "heads_lab", "train", *RUN, "trainer.update_freq=1"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    for _ in range(2):  # a port taken between torchrun's pick and its bind: try again
+        proc = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+             "-m", "heads_lab", "train", *RUN, "trainer.update_freq=1"],
+            cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+        if proc.returncode == 0 or not any(s in proc.stderr for s in (
+                "Address already in use", "EADDRINUSE", "RendezvousConnectionError")):
+            break
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     found = sorted((tmp_path / "outputs").rglob("results.json"))
     assert len(found) == 1, found  # both ranks wrote into one run dir, rank 0 the results
