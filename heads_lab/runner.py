@@ -17,7 +17,7 @@ import torch
 
 from heads_lab import parallel as data_parallel
 from heads_lab.checkpoint import Checkpoints
-from heads_lab.config import RunConfig, cache_dir
+from heads_lab.config import LoggerConfig, RunConfig, cache_dir
 from heads_lab.cost import Lengths, PeakMemory, account
 from heads_lab.data import collate, epoch_batches, prepare, testsets
 from heads_lab.data.cleaning import describe
@@ -76,7 +76,7 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
              f"{params['total']:,}", _heads_text(run), run.model.d_head,
              costs["flops_per_token"]["train"] / 1e6)
 
-    tracker = Tracker(run.logger if main_rank else _NO_LOGGER, run_dir, run_name, config,
+    tracker = Tracker(run.logger if main_rank else LoggerConfig(), run_dir, run_name, config,
                       group=run.name)
     checkpoints = (Checkpoints(run_dir, run.trainer, config, is_writer=main_rank)
                    if run.trainer.save_checkpoint else None)
@@ -216,15 +216,6 @@ def ensure_writable(path: Path, label: str) -> None:
     except OSError as err:
         raise ConfigError(f"cannot write to {label} {path}: {err.strerror or err}; choose a "
                           "writable dir (or fix its permissions / free space)") from None
-
-
-class _NoLogger:
-    name = "none"
-
-
-_NO_LOGGER = _NoLogger()
-
-
 def _heads_text(run: RunConfig) -> str:
     c = run.model.head_counts("enc-self")
     if run.model.attention.value == "talking_heads":

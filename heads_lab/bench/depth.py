@@ -45,7 +45,7 @@ def _point(model: dict, work: dict, steps: int, out) -> None:
     times = []
     for i in range(2 + steps):
         started = time.perf_counter()
-        train_step(net, opt, "fp32", *tensors, w.vocab)
+        train_step(net, opt, "fp32", *tensors)
         if i >= 2:
             times.append(time.perf_counter() - started)
     with open("/proc/self/status") as f:

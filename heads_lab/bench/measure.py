@@ -57,7 +57,7 @@ class Workload:
         return src, tgt_in, tgt_out
 
 
-def train_step(model, opt, precision: str, src, tgt_in, tgt_out, vocab: int) -> float:
+def train_step(model, opt, precision: str, src, tgt_in, tgt_out) -> float:
     """One Adam step on the batch; returns the label-smoothed loss per target token."""
     with autocast(CPU, precision):
         hidden = model.decode(tgt_in, model.encode(src))
@@ -92,7 +92,7 @@ def train_throughput(variants: list[Variant], work: Workload, steps: int = 10, w
         for v, model, opt in runs:
             for _ in range(per_turn):
                 started = time.perf_counter()
-                loss = train_step(model, opt, v.precision, src, tgt_in, tgt_out, work.vocab)
+                loss = train_step(model, opt, v.precision, src, tgt_in, tgt_out)
                 elapsed = time.perf_counter() - started
                 v.losses.append(loss)
             if i >= warmup:
@@ -159,7 +159,7 @@ def _peak_child(variant: dict, work: dict, out) -> None:
     model = v.build(w.vocab).train()
     opt = _optimizer(model, v.baseline)
     for _ in range(3):
-        train_step(model, opt, v.precision, *w.tensors(), w.vocab)
+        train_step(model, opt, v.precision, *w.tensors())
     with open("/proc/self/status") as f:
         out.put(next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM:")))
 
