@@ -89,8 +89,15 @@ def _run_hydra(task: Callable, command: str, overrides: list[str]) -> int:
     overrides = [o for o in overrides if o != "--rerun"]
     _refuse_finished_run_dir(overrides)  # a sweep may hold its own finished jobs (skipped)
     _check_writable_run_dir(overrides)
+    os.environ.pop(SWEEP_KEYS_ENV, None)
     if _is_multirun(overrides):
         _check_sweep(overrides)
+        jobs = _sweep_jobs(overrides)
+        if jobs:  # the settings that vary between jobs name each job's wandb run (h=8,seed=2);
+            # in the environment, so launchers' worker processes (joblib, submitit) see them too
+            keys = sorted({k for job in jobs for k in job
+                           if len({job_.get(k) for job_ in jobs}) > 1})
+            os.environ[SWEEP_KEYS_ENV] = json.dumps(keys)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun: every rank uses rank 0's run dir
         import datetime
 
@@ -179,19 +186,27 @@ def _by_key(overrides: list[str]) -> dict[str, str]:
     return dict(o.split("=", 1) if "=" in o else (o, "") for o in overrides)
 
 
-def _sweep_jobs(overrides: list[str]) -> list[dict[str, str]] | None:
-    """Every job's task overrides, as Hydra's basic sweeper forms them: the command line's
-    sweeps and the preset's hydra.sweeper.params (the command line wins for a key)."""
+def _job_overrides(overrides: list[str]) -> list[list[str]]:
+    """Every job's overrides, as Hydra's basic sweeper forms them: the command line's sweeps and
+    the preset's hydra.sweeper.params (the command line wins for a key). Raises on sweep syntax
+    only Hydra's sweeper understands."""
     from heads_lab.config import compose, expand_sweeps
 
     plain = [o for o in overrides if not o.startswith("-")]
     try:
         params = compose([o for o in plain if "," not in o.split("=", 1)[-1]],
                          hydra=True).hydra.sweeper.params or {}
-        given = {o.split("=", 1)[0] for o in plain}
-        extra = [f"{k}={v}" for k, v in params.items() if k not in given]
+    except Exception:  # a bad fixed override: each job's own composition names it
+        params = {}
+    given = {o.split("=", 1)[0] for o in plain}
+    return expand_sweeps(plain + [f"{k}={v}" for k, v in params.items() if k not in given])
+
+
+def _sweep_jobs(overrides: list[str]) -> list[dict[str, str]] | None:
+    """Every job's task overrides as {key: value} (None when they cannot be worked out)."""
+    try:
         return [_by_key([o for o in job if not o.startswith("hydra.")])
-                for job in expand_sweeps(plain + extra)]
+                for job in _job_overrides(overrides)]
     except Exception:
         return None
 
@@ -213,17 +228,17 @@ def _check_sweep(overrides: list[str]) -> None:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from heads_lab.config import compose, expand_sweeps, to_object, validate
+    from heads_lab.config import compose, to_object, validate
     from heads_lab.errors import ConfigError, HeadsLabError
 
     plain = [o for o in overrides if o not in ("-m", "--multirun")]
     if any(o.startswith("-") for o in plain):
         return  # other Hydra flags (--cfg, -c ...): leave them to Hydra
     try:
-        jobs = expand_sweeps(plain)
-    except Exception:  # sweep syntax only Hydra's sweeper understands: it reports errors itself
-        return
-    varying = [i for i in range(len(plain)) if len({job[i] for job in jobs}) > 1]
+        jobs = _job_overrides(plain)
+    except Exception:  # sweep syntax only Hydra's sweeper understands, or a composition error
+        return  # Hydra reports it itself, in one line through _one_line
+    varying = [i for i in range(len(jobs[0])) if len({job[i] for job in jobs}) > 1]
     for job in jobs:
         try:
             validate(to_object(compose(job)))
@@ -263,9 +278,11 @@ def _one_line(err: BaseException) -> str:
 def train_task(cfg) -> float | None:
     """`heads-lab train`: data → model → training → evaluation → results.json (+ wandb)."""
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     from heads_lab.config import to_dict, to_object, validate
     from heads_lab.runner import run_training
+    from heads_lab.tracking import short_name
 
     hydra_cfg = HydraConfig.get()
     with _user_errors(hydra_cfg):
@@ -275,10 +292,14 @@ def train_task(cfg) -> float | None:
             return finished
         run = to_object(cfg)
         validate(run)
-        results = run_training(
-            run, config=to_dict(cfg), run_dir=run_dir,
-            overrides=list(hydra_cfg.overrides.task),
-        )
+        overrides = list(hydra_cfg.overrides.task)
+        name, group = short_name(overrides), None
+        if hydra_cfg.mode == RunMode.MULTIRUN:  # named by what varies; grouped by the sweep
+            keys = os.environ.get(SWEEP_KEYS_ENV)
+            name = short_name(overrides, json.loads(keys) if keys else None)
+            group = f"{run.name}/{'/'.join(Path(hydra_cfg.sweep.dir).parts[-2:])}"
+        results = run_training(run, config=to_dict(cfg), run_dir=run_dir, overrides=overrides,
+                               name=name, group=group)
         return results.get("metrics", {}).get("valid/loss")  # what Hydra sweepers minimise
     return None
 
@@ -309,6 +330,7 @@ def _finished_job(run_dir: Path, hydra_cfg) -> float | None:
 
 
 _RERUN: list[str] = []
+SWEEP_KEYS_ENV = "HEADS_LAB_SWEEP_KEYS"
 _FAILED_JOBS: list[str] = []
 _FIXED_OVERRIDES: set[str] = set()  # a sweep's overrides that every job shares
 

@@ -24,14 +24,14 @@ from typing import Any
 
 from heads_lab.errors import DataError
 
-USAGE = "heads-lab report <dir> [<dir> ...] [--out DIR] [--samples N]"
+USAGE = "heads-lab report <dir> [<dir> ...] [--out DIR] [--samples N] [--wandb [--wandb-mode M]]"
 # Vaswani et al. 2017, Table 3 row (A): WMT14 en-de newstest2013, dev PPL (per wordpiece) / BLEU.
 PAPER = {"table_a": {"key": "model.heads", "label": "Vaswani et al. 2017 Table 3 (A), WMT14 "
                      "en-de newstest2013", "rows": {1: (5.29, 24.9), 4: (5.00, 25.5),
                                                     8: (4.92, 25.8), 16: (4.91, 25.8),
                                                     32: (5.01, 25.4)}}}
 # Settings that never define a row: where things go, how they are logged, the seed.
-IGNORED = ("seed", "name", "paths.", "logger.", "report.", "trainer.device", "trainer.threads",
+IGNORED = ("seed", "name", "tags", "paths.", "logger.", "report.", "trainer.device", "trainer.threads",
            "trainer.valid_every", "trainer.log_every", "trainer.save_every", "trainer.keep_last",
            "trainer.resume", "trainer.save_checkpoint", "data.root", "cost.")
 SHAPE = (("h", "model.heads"), ("h_K", "model.heads_k"), ("h_V", "model.heads_v"),
@@ -60,6 +60,11 @@ def main(args: list[str]) -> int:
     parser.add_argument("dirs", nargs="+", help="multirun dirs, run dirs, or dirs holding them")
     parser.add_argument("--out", help="where to write report.md/.csv/.png (default: first dir)")
     parser.add_argument("--samples", type=int, default=1000, help="bootstrap resamples")
+    parser.add_argument("--wandb", action="store_true",
+                        help="also log the table and plots to a wandb run (job_type report, in "
+                             "the runs' project and group), under <out>/wandb")
+    parser.add_argument("--wandb-mode", choices=("offline", "online"), default="offline",
+                        help="online needs a network and WANDB_API_KEY; without one: offline")
     opts = parser.parse_args(args)
     runs, problems = collect([Path(d) for d in opts.dirs])
     rows, varying = group(runs)
@@ -82,7 +87,41 @@ def main(args: list[str]) -> int:
     write_csv(out / "report.csv", table)
     pngs = plot(rows, varying, split, out)
     console.print(f"report: {out / 'report.md'}, {out / 'report.csv'}, " + ", ".join(map(str, pngs)))
+    if opts.wandb:
+        where = log_to_wandb(runs, table, pngs, out, opts.wandb_mode)
+        if where:
+            console.print(f"wandb report run: {where} (upload: wandb sync {where})")
     return 0
+
+
+def log_to_wandb(runs: list[Run], table: dict[str, Any], pngs: list[Path], out: Path,
+                 mode: str) -> str | None:
+    """The report as a wandb run (job_type report) in the runs' project and group (when they
+    share one): the table as a wandb.Table, the plots as images. Returns the run's local dir."""
+    from heads_lab.config import WandbConfig, WandbMode
+    from heads_lab.tracking import start_wandb
+
+    infos = [r.results.get("wandb") or {} for r in runs]
+    groups = {i.get("group") for i in infos if i.get("group")}
+    project = next((i["project"] for i in infos if i.get("project")),
+                   runs[0].config.get("logger.project") or "heads-lab")
+    tags = sorted({t for r in runs for t in (r.config.get("tags") or [])})
+    config = {"report.dirs": sorted({str(r.dir.resolve()) for r in runs}), "report.runs": len(runs),
+              "report.varying": table["varying"]}
+    run = start_wandb(WandbConfig(project=project, mode=WandbMode(mode)), out, "report", config,
+                      groups.pop() if len(groups) == 1 else None, tags, job_type="report",
+                      resume=False)
+    if run is None:
+        return None
+    import wandb
+
+    try:
+        run.log({"report/table": wandb.Table(columns=table["header"], data=table["rows"]),
+                 **{f"report/{png.stem}": wandb.Image(str(png)) for png in pngs}})
+        where = str(Path(run.dir).parent)
+    finally:
+        run.finish()
+    return where
 
 
 def collect(dirs: list[Path]) -> tuple[list[Run], list[tuple[str, str]]]:
@@ -119,13 +158,15 @@ def collect(dirs: list[Path]) -> tuple[list[Run], list[tuple[str, str]]]:
 
 
 def group(runs: list[Run]) -> tuple[list[Row], list[str]]:
+    from heads_lab.tracking import short_key
+
     keys = sorted({k for r in runs for k in r.config})
     varying = [k for k in keys if not k.startswith(IGNORED)
                and len({json.dumps(r.config.get(k), sort_keys=True) for r in runs}) > 1]
     rows: dict[tuple, Row] = {}
     for run in runs:
         key = tuple(json.dumps(run.config.get(k), sort_keys=True) for k in varying)
-        label = ",".join(f"{k.split('.')[-1]}={run.config.get(k)}" for k in varying) or "all runs"
+        label = ",".join(f"{short_key(k)}={run.config.get(k)}" for k in varying) or "all runs"
         rows.setdefault(key, Row(key, label)).runs.append(run)
     return list(rows.values()), varying
 

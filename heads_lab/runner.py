@@ -24,7 +24,8 @@ from heads_lab.data.cleaning import describe
 from heads_lab.errors import ConfigError, DataError, finished_run
 from heads_lab.evaluate import perplexity, score, translate
 from heads_lab.model import Transformer, admin_init, count_parameters
-from heads_lab.tracking import Tracker, console, environment, summary_table, write_json
+from heads_lab.tracking import (Tracker, console, environment, short_name, summary_table,
+                                write_json)
 from heads_lab.train import autocast, resolve_device, seed_everything, train
 
 log = logging.getLogger(__name__)
@@ -32,8 +33,11 @@ DEFAULT_THREADS = torch.get_num_threads()  # at start-up: all cores unless OMP_N
 
 
 def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
-                 overrides: list[str]) -> dict[str, Any]:
-    """Train and evaluate one config; returns the dict written to run_dir/results.json."""
+                 overrides: list[str], name: str | None = None,
+                 group: str | None = None) -> dict[str, Any]:
+    """Train and evaluate one config; returns the dict written to run_dir/results.json.
+    `name` (default: every override) and `group` (default: the experiment name) are the run's
+    wandb name and group; a sweep passes its varying settings and the sweep's id."""
     started = time.perf_counter()
     if (run_dir / "results.json").is_file():
         raise finished_run(run_dir)
@@ -46,7 +50,7 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
     if ranks is not None and device.type == "cuda":
         device = torch.device("cuda", ranks.local_rank)
     peak = PeakMemory(device)
-    run_name = ",".join(overrides) or "defaults"
+    run_name = name or short_name(overrides)
 
     corpus = prepare(run.data, cache_dir(run.paths))
     if main_rank:
@@ -77,7 +81,7 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
              costs["flops_per_token"]["train"] / 1e6)
 
     tracker = Tracker(run.logger if main_rank else LoggerConfig(), run_dir, run_name, config,
-                      group=run.name)
+                      group=group or run.name, tags=list(run.tags))
     checkpoints = (Checkpoints(run_dir, run.trainer, config, is_writer=main_rank)
                    if run.trainer.save_checkpoint else None)
     try:
@@ -144,6 +148,7 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
             "threads": torch.get_num_threads(),
             "config": config,
             "env": environment(),
+            "wandb": tracker.wandb_info(),
         }
         write_json(run_dir / "results.json", results)
         tracker.finish(summary=metrics)
@@ -153,7 +158,7 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
         tracker.finish(failed=True)
         raise
     console.print(summary_table("heads-lab train", _summary_rows(results)))
-    console.print(f"overrides: {run_name}")
+    console.print(f"overrides: {' '.join(overrides) or 'none'}")
     console.print(f"BLEU signature: {scores['bleu_signature']}")
     console.print(f"results: {run_dir / 'results.json'}")
     return results

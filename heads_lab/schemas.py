@@ -262,3 +262,4 @@ class RunConfig:
     report: ReportConfig = field(default_factory=ReportConfig)
     seed: int = 1
     name: str = "train"  # experiment name (wandb group when none is set)
+    tags: list[str] = field(default_factory=list)  # wandb tags (presets add theirs)

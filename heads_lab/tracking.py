@@ -83,16 +83,51 @@ def _reachable(url: str, timeout: float = 3.0) -> bool:
         return False
 
 
+# How settings read in run names (wandb) and report rows: model.heads=8,seed=2 → h=8,seed=2.
+SHORT_KEYS = {"model.heads": "h", "model.heads_k": "h_K", "model.heads_v": "h_V",
+              "model.kv_heads": "kv", "model.head_dim": "d_k", "model.encoder_layers": "enc",
+              "model.decoder_layers": "dec"}
+
+
+def short_key(key: str) -> str:
+    key = key.lstrip("+~")
+    return SHORT_KEYS.get(key, key.split(".")[-1])
+
+
+def short_name(overrides: list[str], keys: list[str] | None = None) -> str:
+    """A run's name from its overrides, e.g. `h=8,seed=2`: only the `keys` given (a sweep's
+    varying settings), else every override but hydra's own."""
+    wanted = None if keys is None else {k.lstrip("+~") for k in keys}
+    parts = []
+    for item in overrides:
+        key, _, value = item.partition("=")
+        bare = key.lstrip("+~")
+        if bare.startswith("hydra.") or (wanted is not None and bare not in wanted):
+            continue
+        parts.append(f"{short_key(bare)}={value}")
+    return ",".join(parts) or "defaults"
+
+
 class Tracker:
     """Console progress + optional wandb. `log` takes metrics keyed like 'valid/ppl'."""
 
     def __init__(self, logger_cfg: LoggerConfig, run_dir: Path, run_name: str, config: dict,
-                 group: str | None = None):
+                 group: str | None = None, tags: list[str] | None = None):
         self.wandb = None
         self.progress: Progress | None = None
         self.task = None
         if isinstance(logger_cfg, WandbConfig) and logger_cfg.mode.value != "disabled":
-            self.wandb = _start_wandb(logger_cfg, run_dir, run_name, config, group)
+            self.wandb = start_wandb(logger_cfg, run_dir, run_name, flatten(config),
+                                     logger_cfg.group or group, tags)
+
+    def wandb_info(self) -> dict[str, Any] | None:
+        """Where the wandb run is (for results.json and `heads-lab report --wandb`)."""
+        if self.wandb is None:
+            return None
+        run = self.wandb
+        return {"id": run.id, "name": run.name, "group": run.group, "project": run.project,
+                "job_type": run.job_type, "tags": list(run.tags or ()), "mode": run.settings.mode,
+                "dir": str(Path(run.dir).parent)}
 
     def start(self, total_steps: int | None) -> None:
         self.progress = Progress(
@@ -134,7 +169,11 @@ class Tracker:
             self.wandb = None
 
 
-def _start_wandb(cfg: WandbConfig, run_dir: Path, name: str, config: dict, group: str | None):
+def start_wandb(cfg: WandbConfig, run_dir: Path, name: str, config: dict, group: str | None,
+                tags: list[str] | None = None, job_type: str | None = None, resume: bool = True):
+    """A wandb run in run_dir/wandb (offline unless cfg.mode=online and the server answers);
+    None, with a warning, if wandb cannot start: the tracker never fails or hangs a run.
+    With `resume`, a run dir's wandb run id is kept, so a resumed training run continues it."""
     import wandb
 
     mode = cfg.mode.value
@@ -144,13 +183,15 @@ def _start_wandb(cfg: WandbConfig, run_dir: Path, name: str, config: dict, group
                     "`wandb sync %s/wandb`)", base_url, run_dir)
         mode = "offline"
     id_file = run_dir / "wandb-run-id"  # a resumed run continues the same wandb run
-    run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:8]
+    run_id = id_file.read_text().strip() if resume and id_file.is_file() else uuid.uuid4().hex[:8]
     try:
-        id_file.write_text(run_id + "\n")
+        if resume:
+            id_file.write_text(run_id + "\n")
         return wandb.init(
             project=cfg.project, entity=cfg.entity, mode=mode, dir=str(run_dir), name=name,
-            group=cfg.group or group, job_type=cfg.job_type, tags=list(cfg.tags) or None,
-            notes=cfg.notes, config=flatten(config), reinit="create_new", id=run_id,
+            group=group, job_type=job_type or cfg.job_type,
+            tags=list(dict.fromkeys([*(tags or []), *cfg.tags])) or None,
+            notes=cfg.notes, config=config, reinit="create_new", id=run_id,
             resume="allow",
             settings=wandb.Settings(console="off", silent=True, init_timeout=60),
         )

@@ -184,21 +184,63 @@ def test_a_finished_sweep_job_is_skipped_or_rerun_with_its_results_kept(tmp_path
     assert kept.read_bytes() == first and done.is_file()
 
 
+def _wandb_read(path: Path, *flags: str):
+    """A local wandb run read back with wandb's own reader of its transaction log
+    (`wandb leet inspect`): the summary object, or with no flags every record."""
+    wandb_cli = Path(sys.executable).parent / "wandb"
+    proc = subprocess.run([str(wandb_cli), "leet", "inspect", "--json", *flags, str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    if flags:
+        return json.loads(proc.stdout)
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+
+
 def test_wandb_one_offline_run_per_job_when_the_server_is_unreachable(tmp_path):
     """logger.mode=online without a network: a warning, then offline logging; one wandb run
-    per sweep job, each finished."""
+    per sweep job, each finished, named by what the sweep varies and grouped by the sweep; read
+    back with wandb's own tools, it holds the flat config and the summary metrics. The report
+    run logs the table and plots into the same group."""
     args = [a for a in TINY if a != "logger=none"]
     proc = heads_lab("train", "-m", *args, "logger=wandb", "logger.mode=online", "seed=1,2",
-                     cwd=tmp_path, env={"WANDB_BASE_URL": "http://127.0.0.1:9",
-                                        "WANDB_API_KEY": "x" * 40},
+                     "tags=[study,heads]", cwd=tmp_path,
+                     env={"WANDB_BASE_URL": "http://127.0.0.1:9", "WANDB_API_KEY": "x" * 40},
                      unset=("WANDB_MODE",), timeout=240)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     assert "unreachable" in proc.stdout + proc.stderr
     found = _results(tmp_path / "outputs")
     assert len(found) == 2
-    for results in found:
-        (run,) = (results.parent / "wandb").glob("offline-run-*")
-        assert list(run.glob("*.wandb"))
+    (sweep_dir,) = (tmp_path / "outputs" / "multiruns").glob("*/*")
+    group = f"train/{sweep_dir.parent.name}/{sweep_dir.name}"
+    for path in found:
+        results = json.loads(path.read_text())
+        (run,) = (path.parent / "wandb").glob("offline-run-*")
+        assert results["wandb"]["dir"] == str(run) and results["wandb"]["mode"] == "offline"
+        summary = _wandb_read(run, "--summary")
+        seed = results["config"]["seed"]
+        assert summary["name"] == f"seed={seed}" == results["name"]
+        assert summary["state"] == "finished" and summary["tags"] == ["study", "heads"]
+        assert summary["config"]["model.heads"] == 4 and summary["config"]["seed"] == seed
+        for key in ("test/bleu", "test/chrf", "valid/ppl", "cost/params"):
+            assert summary["summary"][key] == pytest.approx(results["metrics"][key]), key
+        (record,) = [r["run"] for r in _wandb_read(run) if r["type"] == "run"]
+        assert record["run_group"] == group and record["job_type"] == "train"
+        steps = [r["history"]["step"]["num"] for r in _wandb_read(run) if r["type"] == "history"]
+        assert steps and max(steps) == results["train"]["steps"]
+
+    proc = heads_lab("report", str(sweep_dir), "--samples", "50", "--wandb", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    (report_run,) = (sweep_dir / "wandb").glob("offline-run-*")
+    records = _wandb_read(report_run)
+    (record,) = [r["run"] for r in records if r["type"] == "run"]
+    assert record["job_type"] == "report" and record["run_group"] == group
+    (logged,) = [r["history"]["item"] for r in records if r["type"] == "history"]
+    assert logged["report/table._type"] == "table-file"
+    table = json.loads((report_run / "files" / logged["report/table.path"]).read_text())
+    csv_rows = (sweep_dir / "report.csv").read_text().splitlines()
+    assert table["columns"] == csv_rows[0].split(",")[:len(table["columns"])]
+    assert len(table["data"]) == len(csv_rows) - 1 == 1  # one row: seeds 1 and 2 pooled
+    assert logged["report/report_quality._type"] == "image-file"
 
 
 def test_talking_heads_with_unequal_head_counts_train_end_to_end(tmp_path):

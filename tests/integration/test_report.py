@@ -42,7 +42,7 @@ def test_report_table_numbers_and_significance(sweep):
     with open(sweep / "report.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     # the preset's base row (h = 8) is not in this sweep: the first row is the base
-    assert [r["setting"] for r in rows] == ["heads=1 (base)", "heads=4"]
+    assert [r["setting"] for r in rows] == ["h=1 (base)", "h=4"]
     by_h = {h: [r for r in results if r["config"]["model"]["heads"] == h] for h in (1, 4)}
     for row, h in zip(rows, (1, 4)):
         bleus = [r["metrics"]["test/bleu"] for r in by_h[h]]
@@ -63,7 +63,7 @@ def test_report_table_numbers_and_significance(sweep):
     assert rows[1]["p vs base"] == f"{scores['BLEU'][1].p_value:.4f}"
     assert rows[0]["p vs base"] == "-"
     md = (sweep / "report.md").read_text()
-    assert "Vaswani et al. 2017 Table 3 (A)" in md and "| heads=4 |" in md
+    assert "Vaswani et al. 2017 Table 3 (A)" in md and "| h=4 |" in md
     for png in ("report_quality.png", "report_quality_vs_cost.png"):
         assert (sweep / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -78,7 +78,7 @@ def test_report_lists_failed_and_unfinished_runs(sweep, tmp_path):
         assert proc.returncode == 0, proc.stderr
         md = (tmp_path / "report.md").read_text()
         assert "Not in the table" in md and "9_broken`: boom" in md
-        assert "| heads=1 (base)" in md  # the four finished runs are all still there
+        assert "| h=1 (base)" in md  # the four finished runs are all still there
     finally:
         import shutil
 
@@ -111,7 +111,7 @@ def test_launcher_plugins_run_a_two_job_sweep_that_report_reads(launcher, tmp_pa
     report = heads_lab("report", str(study), "--samples", "100", cwd=tmp_path)
     assert report.returncode == 0, report.stderr
     with open(study / "report.csv", newline="") as f:
-        assert [r["setting"] for r in csv.DictReader(f)] == ["heads=1 (base)", "heads=2"]
+        assert [r["setting"] for r in csv.DictReader(f)] == ["h=1 (base)", "h=2"]
 
 
 def test_deep_vs_shallow_pairs_models_of_equal_heads_parameters_and_flops(tmp_path):
