@@ -24,8 +24,7 @@ from heads_lab.data.cleaning import describe
 from heads_lab.errors import ConfigError, DataError, finished_run
 from heads_lab.evaluate import perplexity, score, translate
 from heads_lab.model import Transformer, admin_init, count_parameters
-from heads_lab.tracking import (Tracker, console, environment, short_name, summary_table,
-                                write_json)
+from heads_lab.tracking import Tracker, console, environment, short_name, summary_table, write_json
 from heads_lab.train import autocast, resolve_device, seed_everything, train
 
 log = logging.getLogger(__name__)
