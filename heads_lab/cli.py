@@ -29,6 +29,12 @@ commands:
   report   a study's table from its runs: settings, params, PPL, BLEU, chrF (mean ± std over
            seeds), paired-bootstrap p vs the base row, speed; Markdown, CSV and PNG plots
            e.g. heads-lab report outputs/multiruns/2026-11-22/14-05-40
+  analyze  what each head of a trained run does: confidence, positional / syntactic / rare-word
+           heads, importance, distances between heads; analysis.json, PNGs, an HTML head view
+           e.g. heads-lab analyze outputs/runs/2026-11-22/14-03-12 analysis.heatmaps=[enc:0:*]
+  prune    remove heads: method=importance (Michel et al., iterative, BLEU/PPL curve) or
+           method=gates (Voita et al., Hard Concrete gates with an L0 penalty; -m over λ)
+           e.g. heads-lab prune outputs/runs/2026-11-22/14-03-12 method=gates prune.l0_lambda=0.05
   bench    training and decoding speed side by side (MHA at h = 1..32, talking heads,
            multi-query, bf16, torch.nn.Transformer), MFU, memory; --depth: Liu et al. curves
 
@@ -425,6 +431,18 @@ def report_command(args: list[str]) -> int:
     return report_main(args)
 
 
+def analyze_command(args: list[str]) -> int:
+    from heads_lab.analyze_run import main as analyze_main
+
+    return analyze_main(args)
+
+
+def prune_command(args: list[str]) -> int:
+    from heads_lab.prune import main as prune_main
+
+    return prune_main(args)
+
+
 def bench_command(args: list[str]) -> int:
     from heads_lab.bench import main as bench_main
 
@@ -433,7 +451,7 @@ def bench_command(args: list[str]) -> int:
 
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "train": train_command, "eval": eval_command, "report": report_command, "info": info_command,
-    "bench": bench_command}
+    "bench": bench_command, "analyze": analyze_command, "prune": prune_command}
 
 
 if __name__ == "__main__":

@@ -231,6 +231,31 @@ def validate(run: RunConfig) -> None:
         t.device == "auto" or t.device == "cpu" or t.device.startswith("cuda"),
         f"trainer.device={t.device!r} is not a device: use auto, cpu, cuda or cuda:N",
     )
+    if e.head_mask:
+        from heads_lab.heads import config_head_counts, parse_head_mask
+
+        parse_head_mask(e.head_mask, config_head_counts(m))  # raises ConfigError, one line
+    a, pr = run.analysis, run.prune
+    for key, value in (("analysis.split", a.split), ("prune.split", pr.split),
+                       ("prune.eval_split", pr.eval_split)):
+        _check(value in ("train", "valid", "test"), f"{key}={value!r}: use train, valid or test")
+    _check(a.max_sentences >= 1, f"analysis.max_sentences={a.max_sentences} must be >= 1")
+    for key in ("positional_threshold", "rare_threshold", "syntactic_margin"):
+        value = getattr(a, key)
+        _check(0.0 <= value <= 1.0, f"analysis.{key}={value} must be in [0, 1]")
+    _check(pr.method in ("importance", "gates"),
+           f"prune.method={pr.method!r}: use importance (Michel et al.) or gates (Voita et al.)")
+    _check(0.0 < pr.step <= 0.5, f"prune.step={pr.step} must be in (0, 0.5] (a fraction of heads)")
+    unknown = [site for site in pr.sites if site not in ATTENTION_SITES]
+    _check(pr.sites and not unknown,
+           f"prune.sites={list(pr.sites)}: choose some of {list(ATTENTION_SITES)}")
+    _check(pr.l0_lambda >= 0, f"prune.l0_lambda={pr.l0_lambda} must be >= 0")
+    _check(pr.temperature > 0, f"prune.temperature={pr.temperature} must be > 0")
+    _check(len(pr.stretch) == 2 and pr.stretch[0] < 0 < 1 < pr.stretch[1],
+           f"prune.stretch={list(pr.stretch)} must be [γ < 0, ζ > 1], e.g. [-0.1,1.1]")
+    _check(pr.steps >= 1, f"prune.steps={pr.steps} must be >= 1")
+    _check(pr.eval_sentences is None or pr.eval_sentences >= 1,
+           f"prune.eval_sentences={pr.eval_sentences} must be >= 1 (or null for all)")
     _check(d.max_len >= 1, f"data.max_len={d.max_len} must be >= 1")
     _check(
         t.max_tokens >= d.max_len + 1,

@@ -77,6 +77,10 @@ def _evaluate(run, config: dict, run_dir: Path, overrides: list[str], files) -> 
             f"checkpoint(s); train with trainer.keep_last >= {run.eval.average_last}")
     corpus = prepare(run.data, cache_dir(run.paths))
     model = Transformer(run.model, len(corpus.tokenizer), corpus.tokenizer.pad)
+    if any(k.startswith("gates.") for k in states[0]):  # trained with head gates: evaluated
+        from heads_lab.heads import install_gates  # with the test-time gates
+
+        install_gates(model, run.prune)
     model.load_state_dict(average(states))
     model.to(device).eval()
     label = ",".join(overrides) or "defaults"
@@ -122,3 +126,45 @@ def average(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
 def _safe(text: str) -> str:
     cleaned = "".join(c if c.isalnum() or c in "=.,-_" else "-" for c in text)
     return cleaned[:80]
+
+
+def load_trained(run_dir: Path, overrides: list[str], allowed: tuple[str, ...], usage: str):
+    """A trained run for analysis or pruning: (run config, config dict, model with the newest
+    valid checkpoint on its device in eval mode, corpus, device). Only overrides starting with
+    `allowed` may change the run's config."""
+    from heads_lab import checkpoint as ckpt
+    from heads_lab.config import cache_dir, compose, to_dict, to_object, validate
+    from heads_lab.data import prepare
+    from heads_lab.model import Transformer
+    from heads_lab.train import resolve_device
+
+    bad = [o for o in overrides if not o.lstrip("+").startswith(allowed)]
+    if bad:
+        raise ConfigError(f"{bad[0]!r} cannot change here; allowed: "
+                          f"{', '.join(a.rstrip('=') + ('*' if a.endswith('.') else '') for a in allowed)}"
+                          f" (usage: {usage})")
+    if not run_dir.is_dir():
+        raise CheckpointError(f"no run dir {run_dir}; give the dir of a heads-lab train run")
+    saved = run_dir / ".hydra" / "overrides.yaml"
+    if not saved.is_file():
+        raise CheckpointError(f"{run_dir} is not a heads-lab run dir (no .hydra/overrides.yaml)")
+    cfg = compose(list(yaml.safe_load(saved.read_text()) or []) + overrides)
+    run = to_object(cfg)
+    validate(run)
+    found = ckpt.latest(run_dir)
+    if found is None:
+        raise CheckpointError(f"{run_dir} holds no checkpoints (checkpoints/step_*.pt); was it "
+                              "trained with trainer.save_checkpoint=false?")
+    state, path = found
+    if run.trainer.threads:
+        torch.set_num_threads(run.trainer.threads)
+    device = resolve_device(run.trainer.device)
+    corpus = prepare(run.data, cache_dir(run.paths))
+    model = Transformer(run.model, len(corpus.tokenizer), corpus.tokenizer.pad)
+    if any(k.startswith("gates.") for k in state["model"]):  # trained with head gates: they
+        from heads_lab.heads import install_gates  # decide which heads count
+
+        install_gates(model, run.prune)
+    model.load_state_dict(state["model"])
+    log.info("loaded %s", path)
+    return run, to_dict(cfg), model.to(device).eval(), corpus, device, path

@@ -31,7 +31,8 @@ PAPER = {"table_a": {"key": "model.heads", "label": "Vaswani et al. 2017 Table 3
                                                     8: (4.92, 25.8), 16: (4.91, 25.8),
                                                     32: (5.01, 25.4)}}}
 # Settings that never define a row: where things go, how they are logged, the seed.
-IGNORED = ("seed", "name", "tags", "paths.", "logger.", "report.", "trainer.device", "trainer.threads",
+IGNORED = ("seed", "name", "tags", "paths.", "analysis.", "logger.", "report.", "trainer.device",
+           "trainer.threads",
            "trainer.valid_every", "trainer.log_every", "trainer.save_every", "trainer.keep_last",
            "trainer.resume", "trainer.save_checkpoint", "data.root", "cost.")
 SHAPE = (("h", "model.heads"), ("h_K", "model.heads_k"), ("h_V", "model.heads_v"),

@@ -23,6 +23,13 @@ from heads_lab.data import collate, epoch_batches, prepare, testsets
 from heads_lab.data.cleaning import describe
 from heads_lab.errors import ConfigError, DataError, finished_run
 from heads_lab.evaluate import perplexity, score, translate
+from heads_lab.heads import (
+    attention_modules,
+    gates_kept,
+    install_gates,
+    mask_heads,
+    parse_head_mask,
+)
 from heads_lab.model import Transformer, admin_init, count_parameters
 from heads_lab.tracking import Tracker, console, environment, short_name, summary_table, write_json
 from heads_lab.train import autocast, resolve_device, seed_everything, train
@@ -72,6 +79,12 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
         omegas = admin_init(model, batch.src, batch.tgt_in)
         log.info("Admin: ω from %.2f to %.2f over %d residual branches", min(omegas),
                  max(omegas), len(omegas))
+    if run.prune.l0_lambda > 0:  # Hard Concrete head gates trained from scratch (Voita et al.)
+        if ranks is not None:
+            raise ConfigError("prune.l0_lambda (head gates) trains in one process; drop torchrun")
+        install_gates(model, run.prune)
+        log.info("Hard Concrete gates on %s heads (λ = %g)",
+                 sum(len(g) for g in model.gates.test_gates().values()), run.prune.l0_lambda)
     params = count_parameters(model)
     lengths = Lengths(float(train_split.src_lens.mean()), float(train_split.tgt_lens.mean()))
     costs = account(run.model, len(corpus.tokenizer), lengths)
@@ -122,6 +135,8 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
             * result.tokens_per_s / 1e9,
             "cost/peak_mem_mb": peak.mb(),
         }
+        if model.gates is not None:  # heads the test-time gates keep, per attention type
+            metrics.update({f"heads_kept/{site}": n for site, n in gates_kept(model).items()})
         results = {
             "status": "complete",
             "name": run_name,
@@ -170,6 +185,11 @@ def evaluate_on_split(run: RunConfig, model: Transformer, corpus, device: torch.
     Returns (split, {'loss', 'ppl'}, scores)."""
     split_name = run.eval.split
     split = corpus.splits[split_name]
+    if run.eval.head_mask:  # heads zeroed for this evaluation only
+        masked = parse_head_mask(run.eval.head_mask, attention_modules(model))
+        mask_heads(model, masked)
+        log.info("evaluating with %d head(s) masked: %s", sum(map(len, masked.values())),
+                 run.eval.head_mask)
     if run.eval.sacrebleu_test:
         split = testsets.load(run.eval.sacrebleu_test, run.data.src, run.data.tgt,
                               corpus.tokenizer, run.data.cleaning.normalize)

@@ -209,6 +209,7 @@ class EvalConfig:
     bleu_tokenize: str | None = None  # sacrebleu tokenizer; None = sacrebleu's default (13a)
     sacrebleu_test: str | None = None  # e.g. wmt14: test on sacrebleu's copy of a standard set
     average_last: int = 1  # `heads-lab eval`: average the weights of the last N checkpoints
+    head_mask: str | None = None  # heads zeroed at evaluation, e.g. enc:0:3,dec-enc:2:*
 
 
 @dataclass
@@ -251,6 +252,39 @@ class ReportConfig:
 
 
 @dataclass
+class AnalysisConfig:
+    # `heads-lab analyze <run dir>`: what each head does (Voita et al. 2019, Clark et al. 2019,
+    # Michel et al. 2019), on `split` (teacher-forced on the reference translations).
+    split: str = "test"  # train | valid | test
+    max_sentences: int = 500  # the first N sentences of the split
+    positional_threshold: float = 0.9  # positional: max weight on one relative offset this often
+    rare_threshold: float = 0.5  # rare-word: max weight on the rarest source token this often
+    syntactic_margin: float = 0.1  # syntactic: accuracy above the offset baseline by this much
+    conllu: str | None = None  # a CoNLL-U file of the split's source sentences (real data)
+    heatmaps: list[str] = field(default_factory=list)  # heads to draw, e.g. [enc:0:3, dec-enc:2:*]
+    sentences: list[int] = field(default_factory=lambda: [0])  # sentences for heatmaps/head view
+
+
+@dataclass
+class PruneConfig:
+    # `heads-lab prune <run dir> method=importance|gates`, and gates trained from scratch by
+    # `heads-lab train prune.l0_lambda=...` (Voita et al. 2019).
+    method: str = "importance"  # importance (Michel et al. 2019) | gates (Voita et al. 2019)
+    split: str = "valid"  # where importance is measured
+    eval_split: str = "test"  # where BLEU and PPL are measured at each step
+    eval_sentences: int | None = 500  # the first N sentences of eval_split (null = all)
+    step: float = 0.1  # importance: fraction of the heads pruned per step
+    sites: list[str] = field(default_factory=lambda: list(ATTENTION_SITES))  # heads to prune
+    l0_lambda: float = 0.0  # gates: weight of the L0 penalty; > 0 in `train` gates from scratch
+    temperature: float = 0.33  # Hard Concrete β
+    stretch: list[float] = field(default_factory=lambda: [-0.1, 1.1])  # (γ, ζ)
+    steps: int = 500  # gates from a trained run: fine-tuning steps with the gates
+    lr: float | None = None  # gates from a trained run: the model's learning rate (null = the
+    # run's last one)
+    gate_lr: float | None = 0.05  # the gates' log α learning rate (null = the model's)
+
+
+@dataclass
 class RunConfig:
     model: ModelConfig = MISSING
     data: DataConfig = MISSING
@@ -260,6 +294,8 @@ class RunConfig:
     paths: PathsConfig = field(default_factory=PathsConfig)
     cost: CostConfig = field(default_factory=CostConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
+    analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
+    prune: PruneConfig = field(default_factory=PruneConfig)
     seed: int = 1
     name: str = "train"  # experiment name (wandb group when none is set)
     tags: list[str] = field(default_factory=list)  # wandb tags (presets add theirs)

@@ -115,8 +115,15 @@ def adam(model: torch.nn.Module, lr: float, betas: tuple[float, float], eps: flo
     parameter, ~3× faster than the multi-tensor path on CPU here), else the multi-tensor one."""
     device = next(model.parameters()).device.type
     impl = {"fused": True} if device in ("cpu", "cuda") else {"foreach": True}
-    return torch.optim.Adam(model.parameters(), lr=lr, betas=betas, eps=eps,
-                            weight_decay=weight_decay, **impl)
+    gates = getattr(model, "gates", None)
+    if gates is None:
+        groups = [{"params": list(model.parameters())}]
+    else:  # Hard Concrete gates: their own learning rate (log α must travel a few units)
+        gate_ids = {id(p) for p in gates.parameters()}
+        groups = [{"params": [p for p in model.parameters() if id(p) not in gate_ids]},
+                  {"params": list(gates.parameters()), "lr": gates.lr or lr, "weight_decay": 0.0}]
+    return torch.optim.Adam(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                            **impl)
 
 
 def train(
@@ -159,6 +166,7 @@ def train(
         checkpoint.set_rng_state(state["rng"])
         resumed_from = p.step
     tgt_lens = train_split.tgt_lens
+    gates = model.gates
     per_update = cfg.update_freq * world  # batches in one update, over all ranks
 
     def validate() -> bool:
@@ -202,6 +210,8 @@ def train(
                         loss, nll = model.loss(hidden, batch.tgt_out[keep], cfg.label_smoothing)
                     # the gradient of the mean over the whole update (DDP averages over ranks)
                     (loss / (n_tokens / world) if weight else loss * 0.0).backward()
+                if gates is not None and i == 0:  # Hard Concrete head gates: + λ·L0, per update
+                    (gates.l0_lambda * gates.penalty()).backward()
                 losses += weight * torch.tensor([loss.item(), nll.item()], dtype=torch.float64)
             if parallel:
                 losses = parallel.sum(losses)
@@ -246,6 +256,9 @@ def train(
                     "train/lr": sched.get_last_lr()[0],
                     "train/tokens_per_s": w["tokens"] / w["seconds"],
                     "train/epoch": p.epoch + p.update / n_updates,
+                    **({"train/l0": gates.penalty().item(),
+                        "train/heads_open": float(sum(g.sum() for g in gates.test_gates().values()))}
+                       if gates is not None else {}),
                 })
                 p.window = _empty_window()
             best = False

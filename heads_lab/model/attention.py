@@ -38,6 +38,9 @@ class Attention(nn.Module):
         self.sizes = (q_heads * head_dim, k_heads * head_dim, v_heads * head_dim)
         self.in_proj = nn.Linear(d_model, sum(self.sizes))
         self.out_proj = nn.Linear(out_heads * head_dim, d_model)
+        # [out_heads] multipliers of the heads' outputs (masks, importance ξ, Hard Concrete
+        # gates: heads_lab.heads); None = all heads at 1, the usual fast path
+        self.head_gate: Tensor | None = None
 
     def forward(
         self,
@@ -56,6 +59,8 @@ class Attention(nn.Module):
         [batch, heads, query, key] (before attention dropout)."""
         if causal and cache is not None and x.shape[1] != 1:
             raise ValueError("cached causal self-attention takes one new position per call")
+        if self.out_heads == 0:  # every head pruned away: the sublayer adds out_proj's bias
+            return self.out_proj.bias.expand(x.shape[0], x.shape[1], -1), None
         q, k, v = self.project(x, memory, cache)
         o, weights = self.attend(q, k, v, mask, causal and cache is None, need_weights)
         return self.merge(o), weights
@@ -87,6 +92,8 @@ class Attention(nn.Module):
     def merge(self, o: Tensor) -> Tensor:
         # o [batch, out_heads, query, head_dim] → [batch, query, out_heads · head_dim] → d_model
         b, _, n, _ = o.shape
+        if self.head_gate is not None:
+            o = o * self.head_gate.to(o.dtype).view(1, -1, 1, 1)
         return self.out_proj(o.transpose(1, 2).reshape(b, n, self.out_heads * self.head_dim))
 
 

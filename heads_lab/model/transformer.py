@@ -138,6 +138,7 @@ class Transformer(nn.Module):
         pre = cfg.norm == Norm.pre  # pre-norm needs a final LayerNorm on each stack
         self.encoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
         self.decoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
+        self.gates: nn.Module | None = None  # Hard Concrete head gates (heads_lab.heads)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -158,6 +159,8 @@ class Transformer(nn.Module):
 
     def encode(self, src: Tensor, need_weights: bool = False) -> Encoded:
         mask = (src != self.pad_id)[:, None, None, :]  # [batch, 1, 1, src], built once per batch
+        if self.gates is not None:  # one gate sample per batch (train) or the 0/1 gates (eval)
+            self.gates.set_gates(self.training)
         x = self.embed_tokens(src)
         for layer in self.encoder:
             x = layer(x, mask, need_weights)

@@ -1,0 +1,298 @@
+"""`heads-lab prune <run dir> method=importance|gates [prune.KEY=VALUE ...]`: how many heads can go.
+
+method=importance (Michel et al. 2019): repeatedly compute head importance (|∂L/∂ξ_h| on
+prune.split, under the current mask) and prune the least important prune.step of the heads in
+scope; one curve per attention type in prune.sites and one over all of them together. Every
+point is evaluated on the first prune.eval_sentences of prune.eval_split with the heads removed
+for real (smaller projections), so params and decoding time are measured, not assumed.
+
+method=gates (Voita et al. 2019): Hard Concrete gates on every head, trained jointly with the
+model from the run's checkpoint for prune.steps steps with λ = prune.l0_lambda times the L0
+penalty; then the test-time gates decide which heads stay, those heads are removed and the model
+evaluated. `-m prune.l0_lambda=0.01,0.05,0.1` runs one job per λ and prints them side by side
+(heads kept per attention type vs BLEU, as Voita's table). Gates from scratch: `heads-lab train
+prune.l0_lambda=...` (and `heads-lab report` shows the heads kept).
+
+Everything goes to <run dir>/prune/<time>_<overrides>/: prune.json, prune.md, prune.csv, the
+curve PNG (importance), results.json + hyps/refs (gates; `heads-lab report <run dir>/prune`
+reads them).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from heads_lab.errors import ConfigError
+
+log = logging.getLogger(__name__)
+USAGE = ("heads-lab prune <run dir> method=importance|gates [-m] [prune.KEY=VALUE ...] "
+         "[eval.KEY=VALUE ...]")
+ALLOWED = ("prune.", "eval.", "data.root=", "trainer.device=", "trainer.threads=",
+           "trainer.max_tokens=", "trainer.precision=", "paths.")
+SHORT = {"enc-self": "e", "dec-self": "d", "dec-enc": "d-e"}
+
+
+def main(args: list[str]) -> int:
+    if not args or args[0] in ("-h", "--help"):
+        print(f"usage: {USAGE}\n\n{__doc__}")
+        return 0 if args else 2
+    from heads_lab.config import expand_sweeps
+
+    run_dir = Path(args[0])
+    rest = [o for o in args[1:] if o not in ("-m", "--multirun")]
+    rest = [f"prune.{o}" if o.startswith("method=") else o for o in rest]
+    jobs = expand_sweeps(rest) if any(o in ("-m", "--multirun") for o in args) else [rest]
+    if len(jobs) > 1 and not any(o in ("-m", "--multirun") for o in args):
+        raise ConfigError("comma-separated values sweep: add -m")
+    rows = [prune_run(run_dir, job) for job in jobs]
+    if len(rows) > 1:
+        from heads_lab.tracking import console
+
+        console.print(gate_table([r for r in rows if r.get("method") == "gates"]))
+    return 0
+
+
+def prune_run(run_dir: Path, overrides: list[str]) -> dict[str, Any]:
+    from heads_lab.eval_run import _safe, load_trained
+    from heads_lab.tracking import console
+
+    run, config, model, corpus, device, ckpt = load_trained(run_dir, overrides, ALLOWED, USAGE)
+    if model.gates is not None:
+        raise ConfigError(f"{run_dir} was trained with head gates (prune.l0_lambda="
+                          f"{run.prune.l0_lambda}); its test-time gates already prune it: "
+                          "evaluate it with heads-lab eval")
+    p = run.prune
+    if p.method == "gates" and p.l0_lambda == 0:
+        log.warning("method=gates with prune.l0_lambda=0: gates fine-tuned without the L0 "
+                    "penalty (the control run for a λ sweep)")
+    label = ",".join(overrides) or "defaults"
+    out = run_dir / "prune" / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_{_safe(label)}"
+    out.mkdir(parents=True, exist_ok=False)
+    eval_split = _head(corpus.splits[p.eval_split], p.eval_sentences)
+    if p.method == "importance":
+        result = importance_curves(run, model, corpus, eval_split, device, out)
+    else:
+        result = gates_from_trained(run, config, model, corpus, eval_split, device, out)
+    result.update({"run_dir": str(run_dir), "checkpoint": ckpt.name, "overrides": overrides})
+    from heads_lab.tracking import write_json
+
+    write_json(out / "prune.json", result)
+    console.print(f"prune: {out / 'prune.json'}")
+    return result
+
+
+def _head(split, n: int | None):
+    """The first n sentences of a split."""
+    from heads_lab.data import Split
+
+    n = len(split) if n is None else min(n, len(split))
+    return Split(split.src_text[:n] if split.src_text else None,
+                 split.tgt_text[:n] if split.tgt_text else None,
+                 [split.src[i] for i in range(n)], [split.tgt[i] for i in range(n)])
+
+
+def evaluate(model, split, corpus, run, device) -> dict[str, float]:
+    """PPL, BLEU, chrF and decoding seconds of `model` on `split`."""
+    from heads_lab.evaluate import perplexity, score, translate
+    from heads_lab.train import autocast
+
+    model.eval()
+    with autocast(device, run.trainer.precision):
+        ppl = perplexity(model, split, run.trainer.max_tokens, device)
+        started = time.perf_counter()
+        hyps = translate(model, split, corpus.tokenizer, run.eval, device)
+        seconds = time.perf_counter() - started
+    s = score(hyps, split.tgt_text, run.eval.bleu_tokenize)
+    return {"bleu": s["bleu"], "chrf": s["chrf"], "ppl": ppl["ppl"], "decode_s": seconds,
+            "hyps": hyps, "bleu_signature": s["bleu_signature"]}
+
+
+def _point(base, masked, split, corpus, run, device) -> dict[str, Any]:
+    from heads_lab.heads import count_heads, format_heads, remove_heads
+
+    pruned = copy.deepcopy(base)
+    remove_heads(pruned, masked)  # for real: the numbers below are the smaller model's
+    ev = evaluate(pruned, split, corpus, run, device)
+    kept = count_heads(pruned)
+    return {"pruned_heads": sum(len(v) for v in masked.values()), "kept": kept,
+            "params": sum(p.numel() for p in pruned.parameters()),
+            "bleu": ev["bleu"], "chrf": ev["chrf"], "ppl": ev["ppl"], "decode_s": ev["decode_s"],
+            "masked": format_heads(masked)}
+
+
+def importance_curves(run, model, corpus, eval_split, device, out: Path) -> dict[str, Any]:
+    from heads_lab.analysis import head_importance
+    from heads_lab.heads import attention_modules, count_heads, gated_heads
+    from heads_lab.tracking import console
+
+    p = run.prune
+    imp_split = _head(corpus.splits[p.split], p.eval_sentences)
+    scopes = [[s] for s in p.sites] + ([list(p.sites)] if len(p.sites) > 1 else [])
+    total = count_heads(model)
+    start = _point(model, {}, eval_split, corpus, run, device)
+    curves = {}
+    for scope in scopes:
+        name = "+".join(scope) if len(scope) > 1 else scope[0]
+        in_scope = sum(total[s] for s in scope)
+        per_step = max(1, round(p.step * in_scope))
+        masked: dict[tuple[str, int], list[int]] = {}
+        rows = [{**start, "fraction": 0.0}]
+        while sum(len(v) for v in masked.values()) < in_scope:
+            importance = head_importance(model, imp_split, None, run.trainer.max_tokens, device,
+                                         masked, sites=tuple(scope))
+            candidates = sorted(
+                (float(score[h]), site, layer, h)
+                for (site, layer), score in importance.items()
+                for h in range(gated_heads(attention_modules(model)[(site, layer)]))
+                if h not in masked.get((site, layer), []))
+            for _, site, layer, h in candidates[:per_step]:
+                masked.setdefault((site, layer), []).append(h)
+            n = sum(len(v) for v in masked.values())
+            row = _point(model, masked, eval_split, corpus, run, device)
+            rows.append({**row, "fraction": n / in_scope})
+            console.print(f"importance pruning {name}: {n}/{in_scope} heads pruned → "
+                          f"BLEU {row['bleu']:.2f}, PPL {row['ppl']:.2f}")
+        curves[name] = rows
+    table = curve_table(curves)
+    _write_tables(out, table)
+    png = plot_curves(curves, out / "prune_importance.png", p.eval_split)
+    console.print(_rich(table, "importance pruning (Michel et al. 2019): heads removed for real"))
+    return {"method": "importance", "eval_split": p.eval_split,
+            "eval_sentences": len(eval_split), "step": p.step, "curves": curves,
+            "files": ["prune.md", "prune.csv", png.name]}
+
+
+def curve_table(curves: dict[str, list[dict]]) -> dict[str, Any]:
+    header = ["pruned in", "fraction", "kept e", "kept d", "kept d-e", "params", "BLEU", "chrF",
+              "PPL", "decode s"]
+    rows = []
+    for name, points in curves.items():
+        for r in points:
+            rows.append([name, f"{r['fraction']:.2f}", *(str(r["kept"][s]) for s in SHORT),
+                         f"{r['params']:,}", f"{r['bleu']:.2f}", f"{r['chrf']:.2f}",
+                         f"{r['ppl']:.2f}", f"{r['decode_s']:.2f}"])
+    return {"header": header, "rows": rows}
+
+
+def gate_table(results: list[dict]):
+    from rich.table import Table
+
+    table = Table(title="Hard Concrete gates (Voita et al. 2019): heads kept vs BLEU",
+                  title_justify="left")
+    for col in ("λ", "from", "kept e", "kept d", "kept d-e", "BLEU", "BLEU unpruned", "PPL"):
+        table.add_column(col, justify="right")
+    for r in results:
+        table.add_row(f"{r['l0_lambda']:g}", "trained", *(str(r["kept"][s]) for s in SHORT),
+                      f"{r['bleu']:.2f}", f"{r['bleu_before']:.2f}", f"{r['ppl']:.2f}")
+    return table
+
+
+def gates_from_trained(run, config, model, corpus, eval_split, device, out: Path) -> dict:
+    from heads_lab.heads import count_heads, format_heads, install_gates, remove_heads
+    from heads_lab.tracking import console, write_json
+    from heads_lab.train import inverse_sqrt, train
+
+    p, t = run.prune, run.trainer
+    before = evaluate(model, eval_split, corpus, run, device)
+    install_gates(model, p)
+    final_lr = t.lr * inverse_sqrt(t.warmup_steps)(max(t.max_steps or 1, 1))
+    tcfg = dataclasses.replace(t, max_steps=p.steps, max_epochs=None, lr=p.lr or final_lr,
+                               warmup_steps=max(1, p.steps // 10), save_checkpoint=False,
+                               valid_every=p.steps, log_every=max(1, p.steps // 10))
+
+    def on_log(step: int, metrics: dict[str, float]) -> None:
+        if "train/l0" in metrics:
+            console.print(f"gates step {step}: loss {metrics['train/loss']:.3f}, L0 "
+                          f"{metrics['train/l0']:.2f}, heads open {metrics['train/heads_open']:.0f}")
+
+    started = time.perf_counter()
+    train(model, corpus.splits["train"], corpus.splits["valid"], tcfg, run.seed, device, on_log)
+    train_s = time.perf_counter() - started
+    closed = model.gates.closed()
+    model.gates = None
+    for module in model.modules():  # the gates' last values go with them
+        if hasattr(module, "head_gate"):
+            module.head_gate = None
+    total = count_heads(model)
+    remove_heads(model, closed)
+    after = evaluate(model, eval_split, corpus, run, device)
+    kept = count_heads(model)
+    result = {"method": "gates", "l0_lambda": p.l0_lambda, "steps": p.steps, "lr": tcfg.lr,
+              "gate_lr": p.gate_lr, "train_s": train_s, "heads": total, "kept": kept,
+              "removed": format_heads(closed), "bleu": after["bleu"], "chrf": after["chrf"],
+              "ppl": after["ppl"], "bleu_before": before["bleu"], "ppl_before": before["ppl"],
+              "params": sum(x.numel() for x in model.parameters()),
+              "decode_s": after["decode_s"], "decode_s_before": before["decode_s"]}
+    split = p.eval_split
+    (out / f"hyps.{split}.txt").write_text("\n".join(after["hyps"]) + "\n", encoding="utf-8")
+    (out / f"refs.{split}.txt").write_text("\n".join(eval_split.tgt_text) + "\n",
+                                           encoding="utf-8")
+    write_json(out / "results.json", {  # read by heads-lab report
+        "status": "complete", "name": f"gates λ={p.l0_lambda:g}", "config": config,
+        "metrics": {f"{split}/bleu": after["bleu"], f"{split}/chrf": after["chrf"],
+                    "valid/ppl": after["ppl"], "cost/params": result["params"],
+                    **{f"heads_kept/{s}": n for s, n in kept.items()}},
+        "decoding": {"split": split, "beam": run.eval.beam, "sentences": len(eval_split)},
+        "prune": result})
+    table = {"header": ["λ", "kept e", "kept d", "kept d-e", "params", "BLEU", "BLEU before",
+                        "PPL", "PPL before", "decode s", "decode s before"],
+             "rows": [[f"{p.l0_lambda:g}", *(f"{kept[s]}/{total[s]}" for s in SHORT),
+                       f"{result['params']:,}", f"{after['bleu']:.2f}", f"{before['bleu']:.2f}",
+                       f"{after['ppl']:.2f}", f"{before['ppl']:.2f}", f"{after['decode_s']:.2f}",
+                       f"{before['decode_s']:.2f}"]]}
+    _write_tables(out, table)
+    console.print(_rich(table, "Hard Concrete gates from the trained model: the closed heads "
+                               "removed for real"))
+    result["files"] = ["prune.md", "prune.csv", "results.json", f"hyps.{split}.txt"]
+    return result
+
+
+def _write_tables(out: Path, table: dict[str, Any]) -> None:
+    from heads_lab.report import write_csv, write_markdown
+
+    write_markdown(out / "prune.md", {**table, "note": "heads removed for real; kept e/d/d-e: "
+                                      "encoder self, decoder self, decoder-encoder"}, [])
+    write_csv(out / "prune.csv", table)
+
+
+def _rich(table: dict[str, Any], title: str):
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left")
+    for i, col in enumerate(table["header"]):
+        t.add_column(col, justify="left" if i == 0 else "right")
+    for row in table["rows"]:
+        t.add_row(*row)
+    return t
+
+
+def plot_curves(curves: dict[str, list[dict]], path: Path, split: str) -> Path:
+    """BLEU and PPL vs the fraction of heads pruned, one line per attention type (Michel's
+    figure)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for name, rows in curves.items():
+        x = [r["fraction"] * 100 for r in rows]
+        axes[0].plot(x, [r["bleu"] for r in rows], marker="o", label=name)
+        axes[1].plot(x, [min(r["ppl"], 1e4) for r in rows], marker="o", label=name)
+    axes[0].set_ylabel(f"{split} BLEU")
+    axes[1].set_ylabel(f"{split} PPL")
+    axes[1].set_yscale("log")
+    for ax in axes:
+        ax.set_xlabel("% of the heads (in that attention type) pruned")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle("Iterative pruning by head importance (Michel et al. 2019)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

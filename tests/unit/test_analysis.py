@@ -1,0 +1,130 @@
+"""Head metrics against hand-built attention maps with known answers."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from heads_lab.analysis import (
+    Sentence,
+    attach_arcs,
+    confidence,
+    diversity,
+    js_distances,
+    piece_spans,
+    positional,
+    rare_share,
+    read_conllu,
+    syntactic,
+    word_spans,
+    words_to_subwords,
+)
+from heads_lab.errors import DataError
+
+
+def _one_hot(targets: list[int], n_keys: int) -> np.ndarray:
+    m = np.zeros((len(targets), n_keys))
+    m[np.arange(len(targets)), targets] = 1.0
+    return m
+
+
+def test_previous_token_head_is_positional_and_uniform_head_is_not():
+    n = 12  # 11 words + EOS; the EOS query is left out
+    prev = _one_hot([max(i - 1, 0) for i in range(n)], n)
+    uniform = np.full((n, n), 1.0 / n)
+    maps = [np.stack([np.stack([prev, uniform])])]  # [1 layer, 2 heads, n, n]
+    share, offset = positional(maps, skip_last_query=True)
+    assert offset[0, 0] == -1 and share[0, 0] == pytest.approx(10 / 11)
+    assert share[0, 1] == pytest.approx(1 / 11)  # argmax of a uniform row: key 0
+    conf = confidence(maps, skip_last_query=True)
+    assert conf[0, 0] == 1.0 and conf[0, 1] == pytest.approx(1 / n)
+
+
+def test_rare_word_head_points_at_the_least_frequent_source_token():
+    src = [10, 11, 12, 13, 3]  # 3 = EOS
+    freq = {10: 500, 11: 2, 12: 40, 13: 7}
+    rare = _one_hot([1] * 5, 5)
+    first = _one_hot([0] * 5, 5)
+    maps = [np.stack([np.stack([rare, first])])]
+    share = rare_share(maps, [src], freq, skip_last_query=True)
+    assert share[0, 0] == 1.0 and share[0, 1] == 0.0
+
+
+class _Pieces:
+    """A tokenizer stand-in: one piece per word, with SentencePiece's ▁."""
+
+    def __init__(self, words: list[str]):
+        self.words = words
+
+    def pieces(self, ids: list[int]) -> list[str]:
+        return ["▁" + self.words[i] for i in ids]
+
+
+def test_a_head_on_gold_arcs_is_syntactic_against_the_offset_baseline():
+    # "the big dog sees a cat" with det / amod / nsubj / dobj arcs; word i is subword i
+    words = ["the", "big", "dog", "sees", "a", "cat", "quickly"]
+    heads = [2, 2, 3, -1, 5, 3, 3]
+    rels = ["det", "amod", "nsubj", "root", "det", "dobj", "advmod"]
+    n = len(words) + 1
+    sents = [Sentence(list(range(len(words))) + [3], [2], {}) for _ in range(4)]
+    skipped, offsets = attach_arcs(sents, [" ".join(words).capitalize()] * 4,
+                                   [(words, heads, rels)] * 4, _Pieces(words))
+    assert skipped == 0 and sents[0].arcs[0] == ([2], [1], "amod")
+    gold = [heads[i] if heads[i] >= 0 else i for i in range(len(words))] + [n - 1]
+    on_arcs = _one_hot(gold, n)  # every dependent looks at its head
+    prev = _one_hot([max(i - 1, 0) for i in range(n)], n)
+    maps = [np.stack([np.stack([on_arcs, prev])])] * 4
+    result = syntactic(maps, [s.arcs for s in sents], offsets)
+    for rel in ("nsubj", "dobj", "amod", "advmod"):
+        assert result[f"{rel} dep→head"]["accuracy"][0, 0] == 1.0
+        assert result[f"{rel} dep→head"]["baseline"] == 1.0  # one arc type, one offset
+    assert result["dobj dep→head"]["accuracy"][0, 1] == 0.0  # cat→a, not sees
+    # a baseline below 1: two amod arcs at different offsets
+    off = {"amod dep→head": Counter({1: 3, 2: 1})}
+    mixed = syntactic(maps, [s.arcs for s in sents], off)
+    assert mixed["amod dep→head"]["baseline"] == 0.75
+
+
+def test_identical_heads_have_distance_zero_and_disjoint_heads_one_bit_per_query():
+    n = 6
+    a = _one_hot([0] * n, n)
+    b = _one_hot([1] * n, n)
+    maps = [np.stack([np.stack([a, a, b])])]
+    d = js_distances(maps)[0]
+    assert d[0, 1] == pytest.approx(0.0, abs=1e-6)
+    assert d[0, 2] == pytest.approx(n * 1.0, rel=1e-6)  # JS of disjoint one-hots: 1 bit
+    np.testing.assert_allclose(d, d.T)
+    assert diversity(js_distances(maps)) == [pytest.approx((0 + n + n) / 3, rel=1e-6)]
+
+
+def test_subwords_are_matched_to_words_by_character_spans():
+    text = "The dog, runs"
+    pieces = ["▁The", "▁do", "g", ",", "▁runs"]
+    spans = piece_spans(pieces)
+    assert [text[s:e] for s, e in spans] == ["The", "do", "g", ",", "runs"]
+    words = word_spans(text, ["the", "dog", ",", "runs"])
+    assert words_to_subwords(words, spans) == [[0], [1, 2], [3], [4]]
+    assert word_spans(text, ["cat"]) is None
+
+
+def test_conllu_is_read_with_ud_names_and_bad_lines_are_named(tmp_path: Path):
+    good = tmp_path / "ok.conllu"
+    good.write_text("# text = Dogs see cats\n"
+                    "1\tDogs\tdog\tNOUN\t_\t_\t2\tnsubj\t_\t_\n"
+                    "2\tsee\tsee\tVERB\t_\t_\t0\troot\t_\t_\n"
+                    "3-4\tcats\t_\t_\t_\t_\t_\t_\t_\t_\n"
+                    "3\tcats\tcat\tNOUN\t_\t_\t2\tobj\t_\t_\n\n", encoding="utf-8")
+    assert read_conllu(good) == [(["Dogs", "see", "cats"], [1, -1, 1], ["nsubj", "root", "obj"])]
+    words = ["Dogs", "see", "cats"]
+    sents = [Sentence([0, 1, 2, 3], [2], {})]
+    attach_arcs(sents, ["Dogs see cats"], read_conllu(good), _Pieces(words))
+    assert sents[0].arcs == [([1], [0], "nsubj"), ([1], [2], "dobj")]  # obj read as dobj
+    bad = tmp_path / "bad.conllu"
+    bad.write_text("1\tDogs\tdog\n", encoding="utf-8")
+    with pytest.raises(DataError, match="bad.conllu:1: a CoNLL-U line has 10"):
+        read_conllu(bad)
+    with pytest.raises(DataError, match="no CoNLL-U file"):
+        read_conllu(tmp_path / "missing.conllu")

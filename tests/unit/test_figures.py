@@ -1,0 +1,233 @@
+"""The analysis figures: PNGs read back, the head-view page's data and escaping, BertViz
+optional."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import types
+
+import matplotlib.colors as mcolors
+import matplotlib.image as mpimg
+import numpy as np
+import pytest
+
+from heads_lab import figures
+
+NASTY = '<b>&"x'  # must not break the page
+SRC = ["▁The", "▁cat", NASTY, "$a$", "</script>", "</s>"]
+TGT = ["<s>", "▁Die", "▁Katze", "'q'", "</s>"]
+
+
+def read_png(path):
+    """The image as an array, checked to be a real, non-blank PNG."""
+    assert path.exists() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    image = mpimg.imread(path)
+    assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+    assert image.shape[2] in (3, 4)
+    assert image[..., :3].std() > 0.05  # not a uniform canvas
+    return image
+
+
+def pixels_of(image, colour) -> int:
+    """How many pixels have exactly this colour (to PNG precision)."""
+    rgb = np.array(mcolors.to_rgb(colour))
+    return int((np.abs(image[..., :3] - rgb) < 1.5 / 255).all(axis=-1).sum())
+
+
+def grid(rng, layers, heads):
+    return rng.random((layers, heads)).round(3).tolist()
+
+
+def attention(rng, layers, heads, n, m):
+    return rng.dirichlet(np.ones(m), size=(layers, heads, n))
+
+
+def test_metric_grids_one_png_per_metric_with_missing_cells_and_sites(tmp_path):
+    rng = np.random.default_rng(0)
+    enc = grid(rng, 4, 6)
+    enc[1][2] = None
+    grids = {
+        "confidence": {"enc-self": enc, "dec-enc": grid(rng, 2, 6)},  # dec-self absent
+        "syntactic_gain": {"dec-self": (rng.normal(size=(2, 6)) * 0.1).tolist()},  # both signs
+        "importance": {"enc-self": [[None] * 6] * 4},  # nothing measured
+        "rare_share": {},  # no site: no file
+    }
+    paths = figures.metric_grids(grids, tmp_path / "new" / "dir")
+    assert [p.name for p in paths] == ["heads_confidence.png", "heads_syntactic_gain.png",
+                                       "heads_importance.png"]
+    images = {p.stem: read_png(p) for p in paths}
+    # the None cell is a grey block; with every cell measured there is none
+    assert pixels_of(images["heads_confidence"], figures.MISSING_COLOUR) > 1000
+    assert pixels_of(images["heads_syntactic_gain"], figures.MISSING_COLOUR) < 300
+    assert pixels_of(images["heads_importance"], figures.MISSING_COLOUR) > 24 * 1000
+    # two sites side by side make a wider figure than one
+    assert images["heads_confidence"].shape[1] > images["heads_syntactic_gain"].shape[1]
+
+
+def test_metric_grids_refuses_ragged_layers_and_unknown_sites(tmp_path):
+    with pytest.raises(ValueError, match="same number of heads"):
+        figures.metric_grids({"confidence": {"enc-self": [[0.1, 0.2], [0.3]]}}, tmp_path)
+    with pytest.raises(ValueError, match="unknown attention sites"):
+        figures.metric_grids({"confidence": {"encoder": [[0.1]]}}, tmp_path)
+
+
+def test_many_heads_draw_without_cell_values(tmp_path):
+    rng = np.random.default_rng(1)
+    (path,) = figures.metric_grids({"importance": {"enc-self": grid(rng, 3, 32)}}, tmp_path)
+    read_png(path)
+
+
+def test_function_map_colours_each_role_and_skips_absent_sites(tmp_path):
+    functions = {"dec-enc": [["positional", "other", "syntactic"], ["other", "other", "rare"]],
+                 "enc-self": [["other"] * 3, ["positional"] * 3, ["syntactic"] * 3]}
+    path = figures.function_map(functions, tmp_path)
+    assert path == tmp_path / "head_functions.png"
+    image = read_png(path)
+    for role, colour in figures.FUNCTION_COLOURS.items():
+        assert pixels_of(image, colour) > 500, role
+
+    only_positional = {"dec-self": [["positional", "other"]] * 2}
+    image = read_png(figures.function_map(only_positional, tmp_path / "b"))
+    assert pixels_of(image, figures.FUNCTION_COLOURS["positional"]) > 500
+    # the legend's swatch only: no cell is rare or syntactic
+    assert pixels_of(image, figures.FUNCTION_COLOURS["rare"]) < 500
+    assert pixels_of(image, figures.FUNCTION_COLOURS["syntactic"]) < 500
+
+
+def test_function_map_refuses_unknown_roles_and_empty_input(tmp_path):
+    with pytest.raises(ValueError, match="'copy'"):
+        figures.function_map({"enc-self": [["positional", "copy"]]}, tmp_path)
+    with pytest.raises(ValueError, match="no attention site"):
+        figures.function_map({}, tmp_path)
+
+
+def distances(rng, layers, heads):
+    out = []
+    for _ in range(layers):
+        m = rng.random((heads, heads)) * 0.6
+        m = (m + m.T) / 2
+        np.fill_diagonal(m, 0.0)
+        out.append(m.tolist())
+    return out
+
+
+def test_distance_matrices_and_diversity(tmp_path):
+    rng = np.random.default_rng(2)
+    d = {"enc-self": distances(rng, 3, 4), "dec-enc": distances(rng, 2, 4)}
+    diversity = {site: [float(np.mean(m)) for m in mats] for site, mats in d.items()}
+    paths = figures.distance_matrices(d, diversity, tmp_path)
+    assert [p.name for p in paths] == ["head_distance.png", "head_diversity.png"]
+    for p in paths:
+        read_png(p)
+    # a row per site, a column per layer: two sites stand taller than one
+    (single,) = figures.distance_matrices({"enc-self": d["enc-self"]}, {}, tmp_path / "one")
+    assert read_png(paths[0]).shape[0] > read_png(single).shape[0]
+    assert figures.distance_matrices({}, {"dec-self": [0.2, 0.3]}, tmp_path / "div")[0].name == \
+        "head_diversity.png"
+
+
+def test_distance_matrices_refuse_non_square(tmp_path):
+    with pytest.raises(ValueError, match="square"):
+        figures.distance_matrices({"enc-self": [[[0.0, 0.1, 0.2], [0.1, 0.0, 0.3]]]}, {}, tmp_path)
+
+
+def test_attention_heatmap_draws_tokens_and_checks_shape(tmp_path):
+    rng = np.random.default_rng(3)
+    w = rng.dirichlet(np.ones(len(SRC)), size=len(TGT))
+    path = figures.attention_heatmap(w, TGT, SRC, "dec-enc layer 1 head 2 $x$",
+                                     tmp_path / "sub" / "heat.png")
+    image = read_png(path)
+    assert image.shape[0] > 300  # room for the rotated key tokens
+    with pytest.raises(ValueError, match=r"shape \(6, 5\).*expected \(5, 6\)"):
+        figures.attention_heatmap(w.T, TGT, SRC, "t", tmp_path / "bad.png")
+    with pytest.raises(ValueError, match="expected"):
+        figures.attention_heatmap(w[0], TGT, SRC, "t", tmp_path / "bad.png")
+    assert not (tmp_path / "bad.png").exists()
+
+
+def page_parts(text):
+    """The JSON data block and the page without it."""
+    match = re.search(r'<script type="application/json" id="heads-lab-data">(.*?)</script>',
+                      text, re.S)
+    assert match, "no data block"
+    return match.group(1), text[:match.start()] + text[match.end():]
+
+
+def test_head_view_html_is_self_contained_and_round_trips_the_data(tmp_path):
+    rng = np.random.default_rng(4)
+    att = {"dec-enc": attention(rng, 2, 3, len(TGT), len(SRC)),  # order given is not drawn order
+           "enc-self": attention(rng, 3, 4, len(SRC), len(SRC))}  # dec-self absent
+    path = figures.head_view_html(att, SRC, TGT, tmp_path / "v" / "view.html",
+                                  title='heads <i>"view"</i>')
+    text = path.read_text(encoding="utf-8")
+    assert "http://" not in text and "https://" not in text
+    assert not re.search(r"""<(script|link|img|iframe)[^>]*\s(src|href)\s*=""", text, re.I)
+    assert text.count("</script>") == 2  # the data block and the code: no token closed one
+    blob, rest = page_parts(text)
+    data = json.loads(blob)
+    assert data["src_tokens"] == SRC and data["tgt_tokens"] == TGT
+    assert [s["name"] for s in data["sites"]] == ["enc-self", "dec-enc"]
+    for site in data["sites"]:
+        np.testing.assert_allclose(np.array(site["weights"]), att[site["name"]], atol=1e-6, rtol=0)
+    enc, cross = data["sites"]
+    assert enc["queries"] == SRC and enc["keys"] == SRC
+    assert cross["queries"] == TGT and cross["keys"] == SRC
+    for token in (NASTY, "<b>", "<s>", "</s>"):
+        assert token not in rest and token not in blob
+    assert "<i>" not in text and "heads &lt;i&gt;&quot;view&quot;&lt;/i&gt;" in rest
+    for control in ('id="site"', 'id="layer"', 'id="heads"', 'id="queries"', 'id="keys"'):
+        assert control in rest
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node not installed")
+def test_head_view_script_is_valid_javascript(tmp_path):
+    rng = np.random.default_rng(5)
+    path = figures.head_view_html({"dec-self": attention(rng, 1, 2, len(TGT), len(TGT))}, SRC,
+                                  TGT, tmp_path / "view.html")
+    code = re.search(r"<script>\n(.*?)</script>", path.read_text(encoding="utf-8"), re.S).group(1)
+    (tmp_path / "view.js").write_text(code, encoding="utf-8")
+    subprocess.run(["node", "--check", str(tmp_path / "view.js")], check=True)
+
+
+def test_head_view_html_checks_shapes(tmp_path):
+    rng = np.random.default_rng(6)
+    with pytest.raises(ValueError, match=r"attention\['dec-enc'\] has shape"):
+        figures.head_view_html({"dec-enc": attention(rng, 1, 2, len(SRC), len(TGT))}, SRC, TGT,
+                               tmp_path / "view.html")
+    with pytest.raises(ValueError, match="no attention site"):
+        figures.head_view_html({}, SRC, TGT, tmp_path / "view.html")
+    assert not (tmp_path / "view.html").exists()
+
+
+def test_bertviz_head_view_is_none_without_bertviz(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "bertviz", None)  # import bertviz → ImportError
+    rng = np.random.default_rng(7)
+    att = {"enc-self": attention(rng, 1, 2, len(SRC), len(SRC))}
+    assert figures.bertviz_head_view(att, SRC, TGT, tmp_path / "bv.html") is None
+    assert not (tmp_path / "bv.html").exists()
+
+
+def test_bertviz_head_view_passes_per_layer_tensors(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    calls = []
+
+    def head_view(**kwargs):
+        calls.append(kwargs)
+        return types.SimpleNamespace(data="<div id='bertviz'>view</div>")
+
+    monkeypatch.setitem(sys.modules, "bertviz", types.SimpleNamespace(head_view=head_view))
+    rng = np.random.default_rng(8)
+    att = {"enc-self": attention(rng, 2, 3, len(SRC), len(SRC)),
+           "dec-enc": attention(rng, 2, 3, len(TGT), len(SRC))}
+    path = figures.bertviz_head_view(att, SRC, TGT, tmp_path / "bv.html")
+    assert "<div id='bertviz'>view</div>" in path.read_text(encoding="utf-8")
+    (kw,) = calls
+    assert kw["html_action"] == "return" and kw["decoder_attention"] is None
+    assert kw["encoder_tokens"] == SRC and kw["decoder_tokens"] == TGT
+    assert [tuple(t.shape) for t in kw["encoder_attention"]] == [(1, 3, 6, 6)] * 2
+    assert [tuple(t.shape) for t in kw["cross_attention"]] == [(1, 3, 5, 6)] * 2
+    np.testing.assert_allclose(kw["cross_attention"][1][0].numpy(), att["dec-enc"][1], atol=1e-6)
