@@ -197,6 +197,10 @@ def head_importance(model, split: Split, count: int | None, max_tokens: int, dev
 
     was_training = model.training
     model.eval()
+    gates, model.gates = model.gates, None  # a gated model: its closed heads count as masked
+    if gates is not None:
+        masked = {k: sorted(set(v) | set((masked or {}).get(k, [])))
+                  for k, v in {**(masked or {}), **gates.closed()}.items()}
     modules = {k: m for k, m in attention_modules(model).items()}
     xi = {}
     for key, module in modules.items():
@@ -230,10 +234,11 @@ def head_importance(model, split: Split, count: int | None, max_tokens: int, dev
             p.requires_grad_(flag)
         for module in modules.values():
             module.head_gate = None
-        if masked:
+        if masked and gates is None:
             from heads_lab.heads import mask_heads
 
             mask_heads(model, masked)
+        model.gates = gates
         model.train(was_training)
     out = {}
     for key, s in scores.items():

@@ -268,7 +268,7 @@ def _one_line(err: BaseException) -> str:
         return (f"unknown config key '{key}' ({cause}); check the spelling against "
                 "`heads-lab train --cfg job`")
     if "Ambiguous value for argument" in first:
-        return f"{first} (to sweep over the values, add -m: heads-lab train -m ...)"
+        return f"{first} (to sweep over the values, add -m, e.g. heads-lab train -m ...)"
     options = re.search(r"Could not find '([^']+)'.*?Available options in '([^']+)':\s*(.*?)"
                         r"(?:Config search path|$)", text, re.S)
     if options:

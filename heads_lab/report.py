@@ -232,6 +232,9 @@ def render(rows: list[Row], base: Row, varying: list[str], split: str,
     """The table as header + string rows (shared by the console, Markdown and CSV)."""
     header = ["setting", *[name for name, _ in SHAPE], "params", "runs", "valid PPL",
               f"{split} BLEU", f"{split} chrF", "p vs base", "tok/s", "peak MB"]
+    gated = any(k.startswith("heads_kept/") for row in rows for r in row.runs for k in r.metrics)
+    if gated:  # Hard Concrete gates (prune.l0_lambda): heads kept per attention type
+        header += ["kept e", "kept d", "kept d-e"]
     if paper:
         header += ["paper PPL", "paper BLEU"]
     body = []
@@ -247,13 +250,16 @@ def render(rows: list[Row], base: Row, varying: list[str], split: str,
             else:
                 shape.append(str(c.get(key) if c.get(key) is not None else c.get("model.heads")))
         cells = [row.label + (" (base)" if row is base else ""), *shape,
-                 f"{int(m[0]['cost/params']):,}",
-                 str(len(row.runs)), _stat([x["valid/ppl"] for x in m], 2),
+                 _stat([x.get("cost/params") for x in m], 0),
+                 str(len(row.runs)), _stat([x.get("valid/ppl") for x in m], 2),
                  _stat([x.get(f"{split}/bleu") for x in m], 2),
                  _stat([x.get(f"{split}/chrf") for x in m], 2),
                  "-" if row.p_value is None else f"{row.p_value:.4f}",
-                 _stat([x["train/tokens_per_s"] for x in m], 0),
-                 _stat([x["cost/peak_mem_mb"] for x in m], 0)]
+                 _stat([x.get("train/tokens_per_s") for x in m], 0),
+                 _stat([x.get("cost/peak_mem_mb") for x in m], 0)]
+        if gated:
+            cells += [_stat([x.get(f"heads_kept/{site}") for x in m], 1)
+                      for site in ("enc-self", "dec-self", "dec-enc")]
         if paper:
             published = paper["rows"].get(c.get(paper["key"]))
             cells += [f"{published[0]:.2f}", f"{published[1]:.1f}"] if published else ["", ""]
@@ -304,8 +310,9 @@ def plot(rows: list[Row], varying: list[str], split: str, out: Path) -> list[Pat
     import matplotlib.pyplot as plt
 
     def series(metric: str):
-        values = [[r.metrics.get(metric) for r in row.runs] for row in rows]
-        return ([statistics.fmean(v) for v in values],
+        values = [[r.metrics[metric] for r in row.runs if r.metrics.get(metric) is not None]
+                  for row in rows]
+        return ([statistics.fmean(v) if v else math.nan for v in values],
                 [statistics.stdev(v) if len(v) > 1 else 0.0 for v in values])
 
     numeric = len(varying) == 1 and all(
@@ -333,11 +340,15 @@ def plot(rows: list[Row], varying: list[str], split: str, out: Path) -> list[Pat
 
     fig, ax = plt.subplots(figsize=(5.5, 4))
     speed, speed_std = series("train/tokens_per_s")
+    cost_name = "training target tokens/s"
+    if all(math.isnan(x) for x in speed):  # e.g. pruned models (heads-lab prune): their size
+        speed, speed_std = series("cost/params")
+        cost_name = "parameters"
     bleu, bleu_std = series(f"{split}/bleu")
     ax.errorbar(speed, bleu, yerr=bleu_std, xerr=speed_std, fmt="o", capsize=3)
     for row, x, y in zip(rows, speed, bleu):
         ax.annotate(row.label, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
-    ax.set_xlabel("training target tokens/s")
+    ax.set_xlabel(cost_name)
     ax.set_ylabel(f"{split} BLEU")
     ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -111,3 +111,5 @@ def test_gates_from_scratch_report_heads_kept_and_evaluate_again(tmp_path):
         assert 0 <= m[f"heads_kept/{site}"] <= 8
     again = heads_lab("eval", str(found.parent), "eval.beam=1", cwd=tmp_path)  # gates reload
     assert again.returncode == 0, again.stderr
+    analyzed = heads_lab("analyze", str(found.parent), "analysis.max_sentences=10", cwd=tmp_path)
+    assert analyzed.returncode == 0, analyzed.stderr  # importance under the closed gates
