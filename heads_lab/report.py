@@ -223,6 +223,12 @@ def _stat(values: list[float], digits: int) -> str:
     return f"{mean:,.{digits}f} ± {statistics.stdev(values):,.{digits}f}"
 
 
+def _params(values: list[float | None]) -> str:
+    """Parameter counts: one number when the runs agree (the usual case), else mean ± std."""
+    known = {int(v) for v in values if v is not None}
+    return f"{known.pop():,}" if len(known) == 1 else _stat(values, 0)
+
+
 def paper_of(runs: list[Run]) -> dict | None:
     return PAPER.get(runs[0].config.get("report.paper") or "")
 
@@ -250,7 +256,7 @@ def render(rows: list[Row], base: Row, varying: list[str], split: str,
             else:
                 shape.append(str(c.get(key) if c.get(key) is not None else c.get("model.heads")))
         cells = [row.label + (" (base)" if row is base else ""), *shape,
-                 _stat([x.get("cost/params") for x in m], 0),
+                 _params([x.get("cost/params") for x in m]),
                  str(len(row.runs)), _stat([x.get("valid/ppl") for x in m], 2),
                  _stat([x.get(f"{split}/bleu") for x in m], 2),
                  _stat([x.get(f"{split}/chrf") for x in m], 2),
