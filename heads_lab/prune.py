@@ -70,7 +70,8 @@ def prune_run(run_dir: Path, overrides: list[str]) -> dict[str, Any]:
     if p.method == "gates" and p.l0_lambda == 0:
         log.warning("method=gates with prune.l0_lambda=0: gates fine-tuned without the L0 "
                     "penalty (the control run for a λ sweep)")
-    label = ",".join(overrides) or "defaults"
+    first = ("prune.method=", "prune.l0_lambda=")  # what tells prune dirs apart comes first
+    label = ",".join(sorted(overrides, key=lambda o: not o.startswith(first))) or "defaults"
     out = run_dir / "prune" / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_{_safe(label)}"
     out.mkdir(parents=True, exist_ok=False)
     eval_split = _head(corpus.splits[p.eval_split], p.eval_sentences)
