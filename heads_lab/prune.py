@@ -50,10 +50,9 @@ def main(args: list[str]) -> int:
     if len(jobs) > 1 and not any(o in ("-m", "--multirun") for o in args):
         raise ConfigError("comma-separated values sweep: add -m")
     rows = [prune_run(run_dir, job) for job in jobs]
-    if len(rows) > 1:
-        from heads_lab.tracking import console
-
-        console.print(gate_table([r for r in rows if r.get("method") == "gates"]))
+    gated = [r for r in rows if r.get("method") == "gates"]
+    if len(gated) > 1:
+        _print(gate_table(gated))
     return 0
 
 
@@ -162,7 +161,7 @@ def importance_curves(run, model, corpus, eval_split, device, out: Path) -> dict
     table = curve_table(curves)
     _write_tables(out, table)
     png = plot_curves(curves, out / "prune_importance.png", p.eval_split)
-    console.print(_rich(table, "importance pruning (Michel et al. 2019): heads removed for real"))
+    _print(_rich(table, "importance pruning (Michel et al. 2019): heads removed for real"))
     return {"method": "importance", "eval_split": p.eval_split,
             "eval_sentences": len(eval_split), "step": p.step, "curves": curves,
             "files": ["prune.md", "prune.csv", png.name]}
@@ -247,8 +246,8 @@ def gates_from_trained(run, config, model, corpus, eval_split, device, out: Path
                        f"{after['ppl']:.2f}", f"{before['ppl']:.2f}", f"{after['decode_s']:.2f}",
                        f"{before['decode_s']:.2f}"]]}
     _write_tables(out, table)
-    console.print(_rich(table, "Hard Concrete gates from the trained model: the closed heads "
-                               "removed for real"))
+    _print(_rich(table, "Hard Concrete gates from the trained model: the closed heads removed "
+                        "for real"))
     result["files"] = ["prune.md", "prune.csv", "results.json", f"hyps.{split}.txt"]
     return result
 
@@ -259,6 +258,15 @@ def _write_tables(out: Path, table: dict[str, Any]) -> None:
     write_markdown(out / "prune.md", {**table, "note": "heads removed for real; kept e/d/d-e: "
                                       "encoder self, decoder self, decoder-encoder"}, [])
     write_csv(out / "prune.csv", table)
+
+
+def _print(table) -> None:
+    """A rich table in full: piped or captured output gets room for every column."""
+    from rich.console import Console
+
+    from heads_lab.tracking import console
+
+    (console if console.is_terminal else Console(width=160)).print(table)
 
 
 def _rich(table: dict[str, Any], title: str):
