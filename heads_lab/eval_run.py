@@ -31,23 +31,33 @@ def main(args: list[str]) -> int:
     if bad:
         raise ConfigError(f"heads-lab eval changes evaluation settings only, not {bad[0]!r}; "
                           f"allowed: eval.*, data.root, trainer.device/precision/threads/max_tokens")
+    cfg, run = compose_run(run_dir, overrides)
+    files = checkpoint.step_files(run_dir)
+    if not files:
+        raise CheckpointError(NO_CHECKPOINTS.format(run_dir=run_dir))
+    from heads_lab.config import to_dict
+
+    return _evaluate(run, to_dict(cfg), run_dir, overrides, files)
+
+
+NO_CHECKPOINTS = ("{run_dir} holds no checkpoints (checkpoints/step_*.pt); was it trained with "
+                  "trainer.save_checkpoint=false?")
+
+
+def compose_run(run_dir: Path, overrides: list[str]):
+    """(composed config, validated run config) of a train run dir: its saved overrides
+    (.hydra/overrides.yaml) followed by `overrides`."""
+    from heads_lab.config import compose, to_object, validate
+
     if not run_dir.is_dir():
         raise CheckpointError(f"no run dir {run_dir}; give the dir of a heads-lab train run")
     saved = run_dir / ".hydra" / "overrides.yaml"
     if not saved.is_file():
         raise CheckpointError(f"{run_dir} is not a heads-lab run dir (no .hydra/overrides.yaml)")
-    files = checkpoint.step_files(run_dir)
-    if not files:
-        raise CheckpointError(f"{run_dir} holds no checkpoints (checkpoints/step_*.pt); was it "
-                              "trained with trainer.save_checkpoint=false?")
-
-    from heads_lab.config import compose, to_dict, to_object, validate
-
-    train_overrides = [o for o in yaml.safe_load(saved.read_text()) or []]
-    cfg = compose(train_overrides + overrides)
+    cfg = compose(list(yaml.safe_load(saved.read_text()) or []) + overrides)
     run = to_object(cfg)
     validate(run)
-    return _evaluate(run, to_dict(cfg), run_dir, overrides, files)
+    return cfg, run
 
 
 def _evaluate(run, config: dict, run_dir: Path, overrides: list[str], files) -> int:
@@ -132,8 +142,7 @@ def load_trained(run_dir: Path, overrides: list[str], allowed: tuple[str, ...], 
     """A trained run for analysis or pruning: (run config, config dict, model with the newest
     valid checkpoint on its device in eval mode, corpus, device). Only overrides starting with
     `allowed` may change the run's config."""
-    from heads_lab import checkpoint as ckpt
-    from heads_lab.config import cache_dir, compose, to_dict, to_object, validate
+    from heads_lab.config import cache_dir, to_dict
     from heads_lab.data import prepare
     from heads_lab.model import Transformer
     from heads_lab.train import resolve_device
@@ -143,18 +152,10 @@ def load_trained(run_dir: Path, overrides: list[str], allowed: tuple[str, ...], 
         raise ConfigError(f"{bad[0]!r} cannot change here; allowed: "
                           f"{', '.join(a.rstrip('=') + ('*' if a.endswith('.') else '') for a in allowed)}"
                           f" (usage: {usage})")
-    if not run_dir.is_dir():
-        raise CheckpointError(f"no run dir {run_dir}; give the dir of a heads-lab train run")
-    saved = run_dir / ".hydra" / "overrides.yaml"
-    if not saved.is_file():
-        raise CheckpointError(f"{run_dir} is not a heads-lab run dir (no .hydra/overrides.yaml)")
-    cfg = compose(list(yaml.safe_load(saved.read_text()) or []) + overrides)
-    run = to_object(cfg)
-    validate(run)
-    found = ckpt.latest(run_dir)
+    cfg, run = compose_run(run_dir, overrides)
+    found = checkpoint.latest(run_dir)
     if found is None:
-        raise CheckpointError(f"{run_dir} holds no checkpoints (checkpoints/step_*.pt); was it "
-                              "trained with trainer.save_checkpoint=false?")
+        raise CheckpointError(NO_CHECKPOINTS.format(run_dir=run_dir))
     state, path = found
     if run.trainer.threads:
         torch.set_num_threads(run.trainer.threads)

@@ -170,6 +170,9 @@ class SyntheticDataConfig(DataConfig):
     p_adverb: float = 0.3
     p_subordinate: float = 0.35
     max_depth: int = 2  # nested subordinate clauses
+    # Head-analysis studies (0 = off; then the corpus is the same as without these keys):
+    p_polysemy: float = 0.0  # verbs/adjectives with two senses, picked by a related noun's class
+    p_preverbal_adverb: float = 0.0  # adverbs between subject and verb ("he often eats")
 
 
 @dataclass

@@ -21,6 +21,7 @@ analysis. Everything is a pure function of the config: the same seed gives the s
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 import re
@@ -61,6 +62,13 @@ class Lemma:
     tgt: str
     gender: int = 0  # target nouns: 0 m, 1 f, 2 n
     transitive: bool = True  # verbs
+    animate: bool = False  # nouns: the semantic class that picks a polysemous word's sense
+    tgt_animate: str | None = None  # polysemous verbs and adjectives: the sense next to an
+    # animate noun (their object, else their subject; an adjective's own noun); None: one sense
+
+    def translate(self, animate: bool) -> str:
+        """The target stem in a context whose cue noun is (not) animate."""
+        return self.tgt_animate if animate and self.tgt_animate else self.tgt
 
 
 @dataclass
@@ -121,6 +129,16 @@ class Lexicon:
                 lemmas.append(lemma)
             self.classes[cls] = lemmas
             self._cum[cls] = list(itertools.accumulate((r + 1) ** -cfg.zipf for r in range(n)))
+        # Senses come from a stream of their own, so the words above (and every sentence's
+        # source side) are the same whatever p_polysemy is.
+        senses = random.Random(f"{cfg.seed}/senses")
+        for cls, lemmas in self.classes.items():
+            for rank, lemma in enumerate(lemmas):
+                animate = cls == "noun" and senses.random() < 0.5
+                second = None
+                if cls in ("verb", "adj") and senses.random() < cfg.p_polysemy:
+                    second = _new_word(senses, TGT_SYLLABLE, rank, len(lemmas), taken_tgt)
+                lemmas[rank] = dataclasses.replace(lemma, animate=animate, tgt_animate=second)
 
     def sample(self, rng: random.Random, cls: str) -> Lemma:
         return rng.choices(self.classes[cls], cum_weights=self._cum[cls])[0]
@@ -192,22 +210,30 @@ class Grammar:
         obj = self._noun_phrase(rng, "obj") if verb.transitive else None
         past = rng.random() < cfg.p_past
         adverb = lex.sample(rng, "adv") if rng.random() < cfg.p_adverb else None
+        # drawn only when asked for, so the default corpus stays as it was
+        early = bool(adverb and cfg.p_preverbal_adverb and rng.random() < cfg.p_preverbal_adverb)
 
-        # Source order: [SUB] SUBJ VERB [OBJ] [ADV]; heads are patched once the verb index exists.
+        # Source order: [SUB] SUBJ [ADV] VERB [OBJ] [ADV] (the adverb in one of the two slots);
+        # heads are patched once the verb index exists.
         mark = b.src(sub[0], -2, "mark") if sub else None
         subj_src = self._src_np(b, subj)
+        adv = b.src(adverb.src, -2, "advmod") if early else None
         v = b.src(verb.src + (SRC_PAST if past else ""), -1, "root")
         obj_src = self._src_np(b, obj) if obj else None
-        adv = b.src(adverb.src, v, "advmod") if adverb else None
+        if adverb and not early:
+            adv = b.src(adverb.src, v, "advmod")
         for i, label in ((mark, "mark"), (subj_src[0], "nsubj"),
-                         (obj_src[0] if obj_src else None, "dobj")):
+                         (obj_src[0] if obj_src else None, "dobj"), (adv, "advmod")):
             if i is not None:
                 b.pair.heads[i], b.pair.labels[i] = v, label
 
         person = PRONOUN_PERSON[subj[0]] if subj[0] is not None else (5 if subj[2] else 2)
         finite_src = v
-        finite = (TGT_AUX if past else verb.tgt) + TGT_VERB_AGREE[person]
-        participle = "ge" + verb.tgt + "t"
+        # A polysemous verb's sense follows its object's class (intransitive: its subject's),
+        # so the finite verb, which precedes the object in a main clause, needs the object.
+        stem = verb.translate(_animate(obj if obj else subj))
+        finite = (TGT_AUX if past else stem) + TGT_VERB_AGREE[person]
+        participle = "ge" + stem + "t"
         # Target order: main SUBJ FIN [ADV] [OBJ] [PART]; subordinate SUB SUBJ [ADV] [OBJ] [PART] FIN
         if sub:
             b.tgt(sub[1], mark)
@@ -266,7 +292,14 @@ class Grammar:
         b.tgt(stem[:1].upper() + stem[1:], n)
         for (adj, very), a in reversed(list(zip(adjectives, adj_idx))):
             aligned = (a - 1, a) if very else (a,)
-            b.tgt(adj.tgt + ("issim" if very else "") + TGT_ADJ_AGREE[slot], *aligned)
+            b.tgt(adj.translate(noun.animate) + ("issim" if very else "") + TGT_ADJ_AGREE[slot],
+                  *aligned)
+
+
+def _animate(np) -> bool:
+    """A noun phrase's class: pronouns are people; nouns have a lexical class."""
+    pronoun, noun = np[0], np[1]
+    return pronoun is not None or noun.animate
 
 
 def generate(cfg: SyntheticDataConfig) -> dict[str, list[Pair]]:

@@ -149,3 +149,42 @@ def test_word_frequencies_are_zipfian_with_rare_words(corpus):
     assert ranked[0] > 20 * ranked[len(ranked) // 2]
     assert sum(1 for n in ranked if n <= 2) > 50  # rare words exist
     assert len(table) > 600
+
+
+POLY = SyntheticDataConfig(train_size=1500, valid_size=100, test_size=150, p_polysemy=0.5)
+
+
+def test_polysemy_changes_translations_only_and_follows_the_cue_noun(corpus):
+    poly = syn.generate(POLY)
+    assert [p.src for p in _all(poly)] == [p.src for p in _all(corpus)]  # source side unchanged
+    lex = syn.Lexicon(POLY)
+    assert [l.src for l in lex.classes["verb"]] == [l.src for l in syn.Lexicon(CFG).classes["verb"]]
+    two = {l.src: l for cls in ("verb", "adj") for l in lex.classes[cls] if l.tgt_animate}
+    assert 0.35 < len(two) / 200 < 0.65 and all(l.tgt_animate != l.tgt for l in two.values())
+    nouns = {l.src: l for l in lex.classes["noun"]}
+    senses = Counter()
+    for p in poly["train"]:
+        tgt_of = {}
+        for i, j in p.align:
+            tgt_of.setdefault(i, []).append(j)
+        for head, dep, rel in p.arcs():
+            cue, word = (head, dep) if rel == "amod" else (dep, head)
+            if rel not in ("amod", "dobj") or p.src[word].lower() not in two:
+                continue
+            noun = p.src[cue].lower()
+            animate = (nouns.get(noun) or nouns[noun.removesuffix("s")]).animate
+            lemma = two[p.src[word].lower()]
+            stem = (lemma.tgt_animate if animate else lemma.tgt).lower()
+            forms = [p.tgt[j].lower() for j in tgt_of[word]]
+            assert any(f.startswith(stem) or f == "ge" + stem + "t" for f in forms), (p.src, p.tgt)
+            senses[animate] += 1
+    assert senses[True] > 50 and senses[False] > 50
+
+
+def test_preverbal_adverbs_vary_the_subject_verb_distance():
+    pairs = syn.generate(SyntheticDataConfig(train_size=800, valid_size=50, test_size=50,
+                                             p_preverbal_adverb=0.5))["train"]
+    offsets = Counter(head - dep for p in pairs for head, dep, rel in p.arcs() if rel == "nsubj")
+    early = sum(1 for p in pairs for head, dep, rel in p.arcs() if rel == "advmod" and dep < head
+                and p.src[dep].lower() != syn.SRC_VERY)
+    assert early > 50 and offsets[1] < 0.9 * sum(offsets.values()) and offsets[2] > 50
