@@ -123,6 +123,24 @@ def _limits(values: list[np.ndarray]) -> tuple[float, float, bool]:
     return lo, hi, False
 
 
+def _layer_head_panels(plt, sites: list[str], arrays: list[np.ndarray], cell: tuple[float, float],
+                       pad: tuple[float, float]):
+    """A figure with one titled layer×head panel per site, sized by the heads and layers: cell
+    is (inches per cell, its floor when there are too many heads to annotate), pad the extra
+    (width, height) in inches. Returns (figure, the row of axes)."""
+    heads = [a.shape[1] for a in arrays]
+    size = cell[0] if max(heads) <= ANNOTATE_HEADS else max(cell[1], 8 / max(heads))
+    layers = max(a.shape[0] for a in arrays)
+    fig, axes = plt.subplots(
+        1, len(sites), squeeze=False, layout="constrained", gridspec_kw={"width_ratios": heads},
+        figsize=(max(5.0, sum(heads) * size + 1.1 * len(sites) + pad[0]), layers * size + pad[1]))
+    for ax, site, a in zip(axes[0], sites, arrays):
+        ax.set_title(site)
+        _ticks(ax, a.shape[1], "x", "head")
+        _ticks(ax, a.shape[0], "y", "layer")
+    return fig, axes[0]
+
+
 def metric_grids(grids: Mapping[str, Mapping[str, Sequence[Sequence[float | None]]]],
                  out_dir: Path) -> list[Path]:
     """heads_<metric>.png per metric: one layer×head heatmap per site, one colour scale per
@@ -141,20 +159,12 @@ def metric_grids(grids: Mapping[str, Mapping[str, Sequence[Sequence[float | None
         lo, hi, diverging = _limits(arrays)
         cmap = colormaps["RdBu_r" if diverging else "viridis"].with_extremes(bad=MISSING_COLOUR)
         norm = mcolors.Normalize(lo, hi)
-        heads = [a.shape[1] for a in arrays]
-        cell = 0.5 if max(heads) <= ANNOTATE_HEADS else max(0.12, 8 / max(heads))
-        layers = max(a.shape[0] for a in arrays)
-        fig, axes = plt.subplots(
-            1, len(sites), squeeze=False, layout="constrained", gridspec_kw={"width_ratios": heads},
-            figsize=(max(5.0, sum(heads) * cell + 1.1 * len(sites) + 1.4), layers * cell + 1.8))
-        for ax, site, values in zip(axes[0], sites, arrays):
+        fig, axes = _layer_head_panels(plt, sites, arrays, (0.5, 0.12), (1.4, 1.8))
+        for ax, values in zip(axes, arrays):
             image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, norm=norm, aspect="equal")
-            ax.set_title(site)
-            _ticks(ax, values.shape[1], "x", "head")
-            _ticks(ax, values.shape[0], "y", "layer")
             if values.shape[1] <= ANNOTATE_HEADS:
                 _annotate(ax, values, cmap, norm, ".2f", 7 if values.shape[1] <= 8 else 6)
-        fig.colorbar(image, ax=list(axes[0]), shrink=0.9, label=_text(metric.replace("_", " ")))
+        fig.colorbar(image, ax=list(axes), shrink=0.9, label=_text(metric.replace("_", " ")))
         note = "; grey: not measured" if any(np.isnan(a).any() for a in arrays) else ""
         fig.suptitle(_text(f"{metric.replace('_', ' ')} per head{note}"))
         paths.append(_save(fig, out_dir / f"heads_{metric}.png"))
@@ -181,17 +191,9 @@ def function_map(functions: Mapping[str, Sequence[Sequence[str]]], out_dir: Path
         codes.append(_grid(site, [[FUNCTIONS.index(f) for f in r] for r in rows], "functions"))
     cmap = mcolors.ListedColormap([FUNCTION_COLOURS[f] for f in FUNCTIONS])
     norm = mcolors.BoundaryNorm(np.arange(len(FUNCTIONS) + 1) - 0.5, len(FUNCTIONS))
-    heads = [c.shape[1] for c in codes]
-    cell = 0.45 if max(heads) <= ANNOTATE_HEADS else max(0.15, 8 / max(heads))
-    layers = max(c.shape[0] for c in codes)
-    fig, axes = plt.subplots(
-        1, len(sites), squeeze=False, layout="constrained", gridspec_kw={"width_ratios": heads},
-        figsize=(max(5.0, sum(heads) * cell + 1.1 * len(sites) + 0.5), layers * cell + 2.2))
-    for ax, site, code in zip(axes[0], sites, codes):
+    fig, axes = _layer_head_panels(plt, sites, codes, (0.45, 0.15), (0.5, 2.2))
+    for ax, code in zip(axes, codes):
         ax.imshow(code, cmap=cmap, norm=norm, aspect="equal")
-        ax.set_title(site)
-        _ticks(ax, code.shape[1], "x", "head")
-        _ticks(ax, code.shape[0], "y", "layer")
         size = 9 if code.shape[1] <= 8 else 7 if code.shape[1] <= ANNOTATE_HEADS else 5
         for (i, j), k in np.ndenumerate(code):
             f = FUNCTIONS[int(k)]

@@ -172,6 +172,7 @@ class SyntheticDataConfig(DataConfig):
     max_depth: int = 2  # nested subordinate clauses
     # Head-analysis studies (0 = off; then the corpus is the same as without these keys):
     p_polysemy: float = 0.0  # verbs/adjectives with two senses, picked by a related noun's class
+    p_homograph: float = 0.0  # verbs spelt like a noun ("run"): only the context tells them apart
     p_preverbal_adverb: float = 0.0  # adverbs between subject and verb ("he often eats")
 
 

@@ -14,6 +14,12 @@ target language differs the way German or French do:
 Word frequencies are Zipfian, so rare words exist; half the lemmas are cognates (the target form
 is a sound-shifted copy of the source), as in related real languages.
 
+For head-analysis studies (off by default) the source can also be ambiguous the way real text is,
+so that the encoder has to look at other words: polysemous verbs and adjectives whose translation
+follows the class (animate or not) of a syntactically related noun (data.p_polysemy), noun/verb
+homographs told apart by their neighbours (data.p_homograph), and adverbs between subject and
+verb (data.p_preverbal_adverb), which make the subject-verb distance vary.
+
 Every pair carries the gold word alignment and the source dependency tree (head and relation of
 each source token: nsubj, dobj, amod, advmod, det, mark, advcl, ccomp, punct, root), for head
 analysis. Everything is a pure function of the config: the same seed gives the same corpus.
@@ -139,6 +145,14 @@ class Lexicon:
                 if cls in ("verb", "adj") and senses.random() < cfg.p_polysemy:
                     second = _new_word(senses, TGT_SYLLABLE, rank, len(lemmas), taken_tgt)
                 lemmas[rank] = dataclasses.replace(lemma, animate=animate, tgt_animate=second)
+        # Noun/verb homographs ("run", "love"): a verb takes the source stem of a noun of about
+        # its frequency; only the context (a determiner or adjective before a noun, a subject
+        # before a verb) tells which word it is. Their other forms ("-s", "-da") stay apart.
+        nouns, verbs = self.classes["noun"], self.classes["verb"]
+        for rank, verb in enumerate(verbs if cfg.p_homograph else []):
+            if senses.random() < cfg.p_homograph:
+                noun = nouns[min(len(nouns) - 1, rank * len(nouns) // len(verbs))]
+                verbs[rank] = dataclasses.replace(verb, src=noun.src)
 
     def sample(self, rng: random.Random, cls: str) -> Lemma:
         return rng.choices(self.classes[cls], cum_weights=self._cum[cls])[0]

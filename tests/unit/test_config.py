@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigAttributeError, ValidationError
@@ -91,3 +93,12 @@ def test_head_dim_allows_heads_that_do_not_divide_d_model():
     run = to_object(compose(["model.heads=3", "model.head_dim=64"]))
     validate(run)
     assert run.model.d_head == 64
+
+
+@pytest.mark.parametrize("preset", sorted(p.stem for p in (Path(__file__).parents[2] / "conf" /
+                                                          "experiment").glob("*.yaml")))
+def test_every_experiment_preset_composes_and_validates(preset):
+    run = to_object(compose([f"+experiment={preset}"] +
+                            (["+depth=shallow"] if preset == "deep_vs_shallow" else [])))
+    validate(run)
+    assert run.name == preset or preset.startswith(run.name)

@@ -188,3 +188,22 @@ def test_preverbal_adverbs_vary_the_subject_verb_distance():
     early = sum(1 for p in pairs for head, dep, rel in p.arcs() if rel == "advmod" and dep < head
                 and p.src[dep].lower() != syn.SRC_VERY)
     assert early > 50 and offsets[1] < 0.9 * sum(offsets.values()) and offsets[2] > 50
+
+
+def test_homographs_share_a_noun_stem_and_keep_their_own_translation():
+    cfg = SyntheticDataConfig(train_size=1500, valid_size=50, test_size=50, p_homograph=0.5)
+    lex = syn.Lexicon(cfg)
+    nouns = {l.src: l for l in lex.classes["noun"]}
+    shared = [v for v in lex.classes["verb"] if v.src in nouns]
+    assert 30 < len(shared) < 70
+    shared_src = {v.src: v for v in shared}
+    seen = Counter()
+    for p in syn.generate(cfg)["train"]:
+        tgt_of = dict(p.align)  # source index → (last) target index
+        for i, word in enumerate(p.src):
+            if word.lower() in shared_src:
+                lemma = shared_src[word.lower()] if p.labels[i] in ("root", "advcl", "ccomp") \
+                    else nouns[word.lower()]
+                assert lemma.tgt.lower() in p.tgt[tgt_of[i]].lower(), (p.src, p.tgt)
+                seen[p.labels[i] in ("root", "advcl", "ccomp")] += 1
+    assert seen[True] > 30 and seen[False] > 30  # the same form as a verb and as a noun
