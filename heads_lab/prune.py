@@ -96,20 +96,35 @@ def _head(split, n: int | None):
                  [split.src[i] for i in range(n)], [split.tgt[i] for i in range(n)])
 
 
+FORWARD_REPEATS = 3
+
+
+def _timed(fn, *args) -> float:
+    started = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - started
+
+
 def evaluate(model, split, corpus, run, device) -> dict[str, float]:
-    """PPL, BLEU, chrF and decoding seconds of `model` on `split`."""
+    """PPL, BLEU, chrF, decoding seconds and teacher-forced forward speed (target tokens/s) of
+    `model` on `split`. The forward speed is the fair one to compare across pruned models: every
+    model reads the same reference tokens, while decoding time also follows how long each
+    model's translations are."""
     from heads_lab.evaluate import perplexity, score, translate
     from heads_lab.train import autocast
 
     model.eval()
     with autocast(device, run.trainer.precision):
-        ppl = perplexity(model, split, run.trainer.max_tokens, device)
+        ppl = perplexity(model, split, run.trainer.max_tokens, device)  # also the warm-up
+        forward_s = min(_timed(perplexity, model, split, run.trainer.max_tokens, device)
+                        for _ in range(FORWARD_REPEATS))  # the best of a few: least noise
         started = time.perf_counter()
         hyps = translate(model, split, corpus.tokenizer, run.eval, device)
         seconds = time.perf_counter() - started
     s = score(hyps, split.tgt_text, run.eval.bleu_tokenize)
     return {"bleu": s["bleu"], "chrf": s["chrf"], "ppl": ppl["ppl"], "decode_s": seconds,
-            "hyps": hyps, "bleu_signature": s["bleu_signature"]}
+            "forward_tok_s": ppl["tokens"] / max(forward_s, 1e-9), "hyps": hyps,
+            "bleu_signature": s["bleu_signature"]}
 
 
 def _point(base, masked, split, corpus, run, device) -> dict[str, Any]:
@@ -122,7 +137,7 @@ def _point(base, masked, split, corpus, run, device) -> dict[str, Any]:
     return {"pruned_heads": sum(len(v) for v in masked.values()), "kept": kept,
             "params": sum(p.numel() for p in pruned.parameters()),
             "bleu": ev["bleu"], "chrf": ev["chrf"], "ppl": ev["ppl"], "decode_s": ev["decode_s"],
-            "masked": format_heads(masked)}
+            "forward_tok_s": ev["forward_tok_s"], "masked": format_heads(masked)}
 
 
 def importance_curves(run, model, corpus, eval_split, device, out: Path) -> dict[str, Any]:
@@ -169,13 +184,13 @@ def importance_curves(run, model, corpus, eval_split, device, out: Path) -> dict
 
 def curve_table(curves: dict[str, list[dict]]) -> dict[str, Any]:
     header = ["pruned in", "fraction", "kept e", "kept d", "kept d-e", "params", "BLEU", "chrF",
-              "PPL", "decode s"]
+              "PPL", "fwd tok/s", "decode s"]
     rows = []
     for name, points in curves.items():
         for r in points:
             rows.append([name, f"{r['fraction']:.2f}", *(str(r["kept"][s]) for s in SHORT),
                          f"{r['params']:,}", f"{r['bleu']:.2f}", f"{r['chrf']:.2f}",
-                         f"{r['ppl']:.2f}", f"{r['decode_s']:.2f}"])
+                         f"{r['ppl']:.2f}", f"{r['forward_tok_s']:,.0f}", f"{r['decode_s']:.2f}"])
     return {"header": header, "rows": rows}
 
 
@@ -227,7 +242,9 @@ def gates_from_trained(run, config, model, corpus, eval_split, device, out: Path
               "removed": format_heads(closed), "bleu": after["bleu"], "chrf": after["chrf"],
               "ppl": after["ppl"], "bleu_before": before["bleu"], "ppl_before": before["ppl"],
               "params": sum(x.numel() for x in model.parameters()),
-              "decode_s": after["decode_s"], "decode_s_before": before["decode_s"]}
+              "decode_s": after["decode_s"], "decode_s_before": before["decode_s"],
+              "forward_tok_s": after["forward_tok_s"],
+              "forward_tok_s_before": before["forward_tok_s"]}
     split = p.eval_split
     (out / f"hyps.{split}.txt").write_text("\n".join(after["hyps"]) + "\n", encoding="utf-8")
     (out / f"refs.{split}.txt").write_text("\n".join(eval_split.tgt_text) + "\n",
@@ -240,11 +257,13 @@ def gates_from_trained(run, config, model, corpus, eval_split, device, out: Path
         "decoding": {"split": split, "beam": run.eval.beam, "sentences": len(eval_split)},
         "prune": result})
     table = {"header": ["λ", "kept e", "kept d", "kept d-e", "params", "BLEU", "BLEU before",
-                        "PPL", "PPL before", "decode s", "decode s before"],
+                        "PPL", "PPL before", "fwd tok/s", "fwd tok/s before", "decode s",
+                        "decode s before"],
              "rows": [[f"{p.l0_lambda:g}", *(f"{kept[s]}/{total[s]}" for s in SHORT),
                        f"{result['params']:,}", f"{after['bleu']:.2f}", f"{before['bleu']:.2f}",
-                       f"{after['ppl']:.2f}", f"{before['ppl']:.2f}", f"{after['decode_s']:.2f}",
-                       f"{before['decode_s']:.2f}"]]}
+                       f"{after['ppl']:.2f}", f"{before['ppl']:.2f}",
+                       f"{after['forward_tok_s']:,.0f}", f"{before['forward_tok_s']:,.0f}",
+                       f"{after['decode_s']:.2f}", f"{before['decode_s']:.2f}"]]}
     _write_tables(out, table)
     _print(_rich(table, "Hard Concrete gates from the trained model: the closed heads removed "
                         "for real"))

@@ -72,6 +72,9 @@ def test_prune_by_importance_removes_heads_for_real_step_by_step(trained):
     params = [r["params"] for r in rows]
     assert params[0] > params[1] > params[2]  # removed, not masked
     assert (out / "prune_importance.png").is_file() and (out / "prune.csv").is_file()
+    assert all(r["forward_tok_s"] > 0 for r in rows)  # speed of the same reference tokens
+    header = (out / "prune.csv").read_text().splitlines()[0]
+    assert "fwd tok/s" in header and "decode s" in header
 
 
 def test_prune_with_gates_and_eval_with_a_head_mask(trained):
