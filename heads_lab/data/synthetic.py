@@ -148,11 +148,12 @@ class Lexicon:
         # Noun/verb homographs ("run", "love"): a verb takes the source stem of a noun of about
         # its frequency; only the context (a determiner or adjective before a noun, a subject
         # before a verb) tells which word it is. Their other forms ("-s", "-da") stay apart.
-        nouns, verbs = self.classes["noun"], self.classes["verb"]
-        for rank, verb in enumerate(verbs if cfg.p_homograph else []):
-            if senses.random() < cfg.p_homograph:
-                noun = nouns[min(len(nouns) - 1, rank * len(nouns) // len(verbs))]
-                verbs[rank] = dataclasses.replace(verb, src=noun.src)
+        if cfg.p_homograph:
+            nouns, verbs = self.classes["noun"], self.classes["verb"]
+            for rank, verb in enumerate(verbs):
+                if senses.random() < cfg.p_homograph:
+                    noun = nouns[min(len(nouns) - 1, rank * len(nouns) // len(verbs))]
+                    verbs[rank] = dataclasses.replace(verb, src=noun.src)
 
     def sample(self, rng: random.Random, cls: str) -> Lemma:
         return rng.choices(self.classes[cls], cum_weights=self._cum[cls])[0]
