@@ -180,6 +180,8 @@ def validate(run: RunConfig) -> None:
         )
     else:
         _check(m.head_dim >= 1, f"model.head_dim={m.head_dim} must be a positive integer")
+    _check(m.relative_positions >= 0, f"model.relative_positions={m.relative_positions} must be "
+           "0 (off) or the largest relative offset K that gets its own bias")
     for key in ("heads_k", "heads_v", "kv_heads"):
         value = getattr(m, key)
         _check(value is None or value >= 1, f"model.{key}={value} must be a positive integer")

@@ -37,7 +37,9 @@ def parameter_count(cfg: ModelConfig, vocab: int) -> dict[str, int]:
         c = cfg.head_counts(site)
         projected = (c["q"] + c["k"] + c["v"]) * dk
         mixes = c["k"] * c["h"] + c["h"] * c["v"] if cfg.is_talking(site) else 0
-        per_site[site] = d * projected + projected + c["out"] * dk * d + d + mixes
+        relative = c["h"] * (2 * cfg.relative_positions + 1) if cfg.relative_positions and \
+            site != "dec-enc" else 0  # a bias per softmax head and offset
+        per_site[site] = d * projected + projected + c["out"] * dk * d + d + mixes + relative
         extra[site] = mixes
     layers = {"enc-self": cfg.encoder_layers, "dec-self": cfg.decoder_layers,
               "dec-enc": cfg.decoder_layers}

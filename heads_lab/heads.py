@@ -154,6 +154,8 @@ def _shrink(module: MultiHeadAttention, keep: list[int]) -> None:
     n = len(keep)
     module.heads = module.q_heads = module.k_heads = module.v_heads = module.out_heads = n
     module.sizes = (n * d, n * d, n * d)
+    if module.position_bias is not None:
+        module.position_bias = nn.Parameter(module.position_bias[keep].clone())
     if module.head_gate is not None:
         module.head_gate = module.head_gate[keep] if n else None
 

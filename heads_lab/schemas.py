@@ -54,6 +54,9 @@ class ModelConfig:
     norm: Norm = Norm.pre
     init: str = "xavier"  # xavier | admin (post-norm: x = LN(ω⊙x + f(x)), ω from a profiling pass)
     max_positions: int = 1024
+    # Self-attention: a learned bias per head and relative offset, clipped to ±K (0 = off; the
+    # sinusoidal absolute positions stay either way)
+    relative_positions: int = 0
 
     @property
     def d_head(self) -> int:
@@ -183,6 +186,7 @@ class TrainerConfig:
     max_tokens: int = 4096  # batch size in tokens (padded source or target, whichever is larger)
     update_freq: int = 1  # accumulate gradients over this many batches per step
     lr: float = 3e-3  # peak learning rate, reached after warmup_steps
+    position_bias_lr: float | None = 0.05  # model.relative_positions' biases (null = lr)
     warmup_steps: int = 200  # then inverse-square-root decay
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     adam_eps: float = 1e-9

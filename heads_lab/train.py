@@ -110,18 +110,24 @@ def _empty_window() -> dict[str, float]:
 
 
 def adam(model: torch.nn.Module, lr: float, betas: tuple[float, float], eps: float,
-         weight_decay: float = 0.0) -> torch.optim.Adam:
+         weight_decay: float = 0.0, position_bias_lr: float | None = None) -> torch.optim.Adam:
     """Adam with PyTorch's fused kernel where it has one (CPU and CUDA: one pass over each
-    parameter, ~3× faster than the multi-tensor path on CPU here), else the multi-tensor one."""
+    parameter, ~3× faster than the multi-tensor path on CPU here), else the multi-tensor one.
+    Hard Concrete gates (log α) and relative-position biases get learning rates of their own:
+    both are scalars that must travel several units, and Adam moves a parameter by about its
+    learning rate per step whatever the gradient's size."""
     device = next(model.parameters()).device.type
     impl = {"fused": True} if device in ("cpu", "cuda") else {"foreach": True}
     gates = getattr(model, "gates", None)
-    if gates is None:
-        groups = [{"params": list(model.parameters())}]
-    else:  # Hard Concrete gates: their own learning rate (log α must travel a few units)
-        gate_ids = {id(p) for p in gates.parameters()}
-        groups = [{"params": [p for p in model.parameters() if id(p) not in gate_ids]},
-                  {"params": list(gates.parameters()), "lr": gates.lr or lr, "weight_decay": 0.0}]
+    special = []
+    if gates is not None:
+        special.append((list(gates.parameters()), gates.lr or lr))
+    biases = [p for name, p in model.named_parameters() if name.endswith("position_bias")]
+    if biases:
+        special.append((biases, position_bias_lr or lr))
+    taken = {id(p) for params, _ in special for p in params}
+    groups = [{"params": [p for p in model.parameters() if id(p) not in taken]}]
+    groups += [{"params": params, "lr": group_lr, "weight_decay": 0.0} for params, group_lr in special]
     return torch.optim.Adam(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                             **impl)
 
@@ -145,7 +151,8 @@ def train(
     the loop save a checkpoint after the current update and raise Preempted. With `parallel`,
     this process is one rank of a data-parallel group (see heads_lab.parallel)."""
     net = parallel.wrap(model) if parallel else model  # DistributedDataParallel on ranks
-    opt = adam(model, cfg.lr, tuple(cfg.adam_betas), cfg.adam_eps, cfg.weight_decay)
+    opt = adam(model, cfg.lr, tuple(cfg.adam_betas), cfg.adam_eps, cfg.weight_decay,
+               cfg.position_bias_lr)
     factor = inverse_sqrt(cfg.warmup_steps)  # LambdaLR counts from 0 before the first update
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda done: factor(done + 1))
     max_steps = cfg.max_steps if cfg.max_steps is not None else math.inf

@@ -7,6 +7,9 @@ The three steps are separate methods so a head variant changes one step, not the
                v [batch, v_heads, key, head_dim]
   attend   q, k, v → o [batch, out_heads, query, head_dim] (+ weights [batch, heads, query, key])
   merge    o → y [batch, query, d_model]
+Self-attention can add a learned relative-position bias to the logits (model.relative_positions
+= K): one scalar per softmax head and offset key − query, offsets clipped to [−K, K] (Shaw et
+al. 2018's clipping, T5's per-head scalar; zeros at the start, so the layer starts as without).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ class Attention(nn.Module):
     self-attention is one GEMM; `attend` returns `out_heads` heads for `out_proj`."""
 
     def __init__(self, d_model: int, heads: int, head_dim: int, dropout: float,
-                 q_heads: int, k_heads: int, v_heads: int, out_heads: int):
+                 q_heads: int, k_heads: int, v_heads: int, out_heads: int, relative: int = 0):
         super().__init__()
         self.heads, self.head_dim, self.dropout = heads, head_dim, dropout
         self.q_heads, self.k_heads, self.v_heads, self.out_heads = q_heads, k_heads, v_heads, out_heads
@@ -41,6 +44,20 @@ class Attention(nn.Module):
         # [out_heads] multipliers of the heads' outputs (masks, importance ξ, Hard Concrete
         # gates: heads_lab.heads); None = all heads at 1, the usual fast path
         self.head_gate: Tensor | None = None
+        # [heads, 2K + 1] bias per softmax head and clipped offset −K..K (None: off)
+        self.relative = relative
+        self.position_bias = nn.Parameter(torch.zeros(heads, 2 * relative + 1)) if relative else None
+
+    def relative_bias(self, n: int, m: int) -> Tensor | None:
+        """[heads, query, key] bias of the offsets key − query, for n queries that are the last
+        n of m positions (cached decoding: n = 1); None without relative positions."""
+        if self.position_bias is None:
+            return None
+        device = self.position_bias.device
+        queries = torch.arange(m - n, m, device=device)[:, None]
+        offsets = (torch.arange(m, device=device)[None, :] - queries).clamp(-self.relative,
+                                                                           self.relative)
+        return self.position_bias[:, offsets + self.relative]
 
     def forward(
         self,
@@ -103,17 +120,20 @@ class MultiHeadAttention(Attention):
     and kv_heads = 1 multi-query attention (Shazeer 2019). Keeps PyTorch's fused SDPA kernel."""
 
     def __init__(self, d_model: int, heads: int, head_dim: int, dropout: float = 0.0,
-                 kv_heads: int | None = None):
+                 kv_heads: int | None = None, relative: int = 0):
         kv_heads = kv_heads or heads
         super().__init__(d_model, heads, head_dim, dropout, q_heads=heads, k_heads=kv_heads,
-                         v_heads=kv_heads, out_heads=heads)
+                         v_heads=kv_heads, out_heads=heads, relative=relative)
 
     def attend(self, q, k, v, mask, causal: bool, need_weights: bool):
         p = self.dropout if self.training else 0.0
         grouped = self.k_heads != self.q_heads
+        rel = self.relative_bias(q.shape[2], k.shape[2])
         if not need_weights:
             if _bmm_is_faster(q, k):
-                return _bmm_attention(q, k, v, mask, causal, p), None
+                return _bmm_attention(q, k, v, mask, causal, p, rel), None
+            if rel is not None:  # the fused kernel takes one additive mask: bias, -inf masked
+                mask, causal = _additive_mask(rel[None].to(q.dtype), mask, causal), False
             # fused kernel; never materialises [batch, heads, query, key]
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
                                                is_causal=causal, enable_gqa=grouped)
@@ -123,6 +143,8 @@ class MultiHeadAttention(Attention):
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         logits = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(self.head_dim)
         # logits [batch, heads, query, key]
+        if rel is not None:
+            logits = logits + rel
         weights = _masked_softmax(logits, mask, causal)
         return torch.matmul(dropout(weights, p, True), v), weights
 
@@ -143,10 +165,10 @@ class TalkingHeadsAttention(Attention):
     matmuls over the head axis on contiguous views, with no transposed copies."""
 
     def __init__(self, d_model: int, heads: int, head_dim: int, dropout: float = 0.0,
-                 heads_k: int | None = None, heads_v: int | None = None):
+                 heads_k: int | None = None, heads_v: int | None = None, relative: int = 0):
         heads_k, heads_v = heads_k or heads, heads_v or heads
         super().__init__(d_model, heads, head_dim, dropout, q_heads=heads_k, k_heads=heads_k,
-                         v_heads=heads_v, out_heads=heads_v)
+                         v_heads=heads_v, out_heads=heads_v, relative=relative)
         self.logits_mix = nn.Parameter(_mix_init(heads_k, heads))  # P_l [h_K, h]
         self.weights_mix = nn.Parameter(_mix_init(heads, heads_v))  # P_w [h, h_V]
         self.mixed_weights: Tensor | None = None  # U of the last forward with need_weights
@@ -157,6 +179,9 @@ class TalkingHeadsAttention(Attention):
         h, h_v = self.heads, self.v_heads
         j = torch.matmul(q * self.head_dim**-0.5, k.transpose(-2, -1))  # J [batch, h_K, n, m]
         logits = torch.matmul(self.logits_mix.t(), j.view(b, h_k, n * m)).view(b, h, n, m)  # L
+        rel = self.relative_bias(n, m)
+        if rel is not None:  # per softmax head, after the mix
+            logits = logits + rel
         weights = _masked_softmax(logits, mask, causal, inplace=True)  # W [batch, h, n, m]
         mixed = torch.matmul(self.weights_mix.t(), weights.view(b, h, n * m)).view(b, h_v, n, m)
         p = self.dropout if self.training else 0.0
@@ -185,12 +210,13 @@ def _bmm_is_faster(q: Tensor, k: Tensor) -> bool:
 
 
 def _bmm_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
-                   p: float) -> Tensor:
+                   p: float, rel: Tensor | None = None) -> Tensor:
     """softmax(q·kᵀ/√d + bias)·v with heads folded into the batch: one baddbmm adds the mask as
     a -inf bias and applies the scale, the softmax runs in at least fp32, one bmm applies it.
     Query heads sharing a key/value head (grouped / multi-query) are stacked along the query
     axis, so shared keys and values are never repeated. q [batch, heads, n, d], k and v
-    [batch, kv_heads, m, d], mask [batch, 1, 1, m] → o [batch, heads, n, d]."""
+    [batch, kv_heads, m, d], mask [batch, 1, 1, m], rel (relative-position bias) [heads, n, m]
+    → o [batch, heads, n, d]."""
     b, h, n, d = q.shape
     kv, m = k.shape[1], k.shape[2]
     g = h // kv
@@ -201,11 +227,24 @@ def _bmm_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal:
     if causal:  # query i (in each stacked group) sees keys ≤ i + m - n
         future = q.new_full((n, m), float("-inf")).triu(m - n + 1)
         bias = bias + (future.repeat(g, 1) if g > 1 else future)
+    if rel is not None:  # [heads, n, m] → [kv, g · n, m], the same for every sentence
+        bias = bias + rel.to(q.dtype).reshape(kv, g * n, m).repeat(b, 1, 1)
     keys = k.reshape(b * kv, m, d).transpose(1, 2)
     scores = torch.baddbmm(bias, q.reshape(b * kv, g * n, d), keys, alpha=d**-0.5)
     weights = scores.softmax(dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
     weights = dropout(weights, p, True).to(v.dtype) if p else weights.to(v.dtype)
     return torch.bmm(weights, v.reshape(b * kv, m, d)).view(b, h, n, d)
+
+
+def _additive_mask(bias: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
+    """`bias` [.., query, key] with masked keys (mask False) and, if causal, future keys at -inf."""
+    if mask is not None:
+        bias = bias.masked_fill(~mask, float("-inf"))
+    if causal:
+        n, m = bias.shape[-2:]
+        bias = bias.masked_fill(torch.ones(n, m, dtype=torch.bool, device=bias.device)
+                                .triu(m - n + 1), float("-inf"))
+    return bias
 
 
 def _masked_softmax(logits: Tensor, mask: Tensor | None, causal: bool, inplace: bool = False):

@@ -68,11 +68,12 @@ class Residual(nn.Module):
 
 def _attention(cfg: ModelConfig, site: str) -> Attention:
     """The attention module for `site` (enc-self, dec-self or dec-enc)."""
+    relative = cfg.relative_positions if site != "dec-enc" else 0
     if cfg.is_talking(site):
         return TalkingHeadsAttention(cfg.d_model, cfg.heads, cfg.d_head, cfg.attention_dropout,
-                                     cfg.heads_k, cfg.heads_v)
+                                     cfg.heads_k, cfg.heads_v, relative)
     return MultiHeadAttention(cfg.d_model, cfg.heads, cfg.d_head, cfg.attention_dropout,
-                              cfg.kv_heads)
+                              cfg.kv_heads, relative)
 
 
 class EncoderLayer(nn.Module):

@@ -18,6 +18,7 @@ GRID = [
     dict(attention=TH, heads_k=4, heads=8, heads_v=2),
     dict(attention=TH, heads=6, heads_k=2, heads_v=3, head_dim=8, talking_heads_in=["dec-self"]),
     dict(encoder_layers=1, decoder_layers=4, d_ff=100),
+    dict(relative_positions=16), dict(attention=TH, heads_k=4, heads=8, relative_positions=2),
 ]
 
 

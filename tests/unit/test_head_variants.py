@@ -133,12 +133,15 @@ def test_grouped_query_equals_multi_head_with_repeated_kv_heads(kv_heads, need_w
     dict(attention=AttentionKind.talking_heads, heads=4, talking_heads_in=["dec-enc"]),
     dict(kv_heads=1),
     dict(kv_heads=2),
+    dict(relative_positions=2),
+    dict(attention=AttentionKind.talking_heads, heads=4, heads_k=2, relative_positions=3),
 ])
 def test_cached_decoding_equals_full_forward_for_every_variant(variant):
     torch.manual_seed(0)
     cfg = ModelConfig(**{"d_model": 32, "heads": 4, "d_ff": 64, "encoder_layers": 1,
                          "decoder_layers": 2, "dropout": 0.0, **variant})
     model = Transformer(cfg, 40).double().eval()
+    _random_position_bias(model)
     src = torch.randint(4, 40, (2, 6))
     src[1, 4:] = 0
     tgt = torch.randint(4, 40, (2, 5))
@@ -164,3 +167,64 @@ def test_mixes_start_as_identity_when_head_counts_match():
     rect = TalkingHeadsAttention(D, 6, 4, heads_k=2, heads_v=3)
     assert rect.logits_mix.shape == (2, 6) and rect.weights_mix.shape == (6, 3)
     assert torch.allclose(rect.logits_mix, torch.eye(2, 6), atol=0.1)
+
+
+def _random_position_bias(model) -> None:
+    with torch.no_grad():
+        for module in model.modules():
+            if getattr(module, "position_bias", None) is not None:
+                module.position_bias.normal_()
+
+
+@pytest.mark.parametrize("kv_heads", [None, 2])
+@pytest.mark.parametrize("case", ["padded", "causal"])
+def test_relative_position_bias_equals_float64_einsum(case, kv_heads):
+    """logits = q·k/√d_k + bias[head, clip(j − i, −K, K)], on every path: weights, the CPU bmm
+    kernel and PyTorch's fused kernel."""
+    import heads_lab.model.attention as attention
+
+    torch.manual_seed(3)
+    heads, dk, K, n = 4, 6, 2, 7
+    attn = MultiHeadAttention(D, heads, dk, kv_heads=kv_heads, relative=K).double().eval()
+    _random_position_bias(attn)
+    x = torch.randn(2, n, D, dtype=torch.float64)
+    mask = _padding_mask([n, 4], n) if case == "padded" else None
+    causal = case == "causal"
+    kv = kv_heads or heads
+    wq, wk, wv = attn.in_proj.weight.split([heads * dk, kv * dk, kv * dk])
+    bq, bk, bv = attn.in_proj.bias.split([heads * dk, kv * dk, kv * dk])
+    q = (x @ wq.T + bq).view(2, n, heads, dk)
+    k = (x @ wk.T + bk).view(2, n, kv, dk).repeat_interleave(heads // kv, 2)
+    v = (x @ wv.T + bv).view(2, n, kv, dk).repeat_interleave(heads // kv, 2)
+    offset = (torch.arange(n)[None, :] - torch.arange(n)[:, None]).clamp(-K, K) + K
+    logits = torch.einsum("bnhd,bmhd->bhnm", q, k) / dk**0.5 + attn.position_bias[:, offset]
+    if mask is not None:
+        logits = logits.masked_fill(~mask, float("-inf"))
+    if causal:
+        logits = logits.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    weights = logits.softmax(-1)
+    o = torch.einsum("bhnm,bmhd->bnhd", weights, v).reshape(2, n, heads * dk)
+    expected = attn.out_proj(o)
+    y, w = attn(x, mask=mask, causal=causal, need_weights=True)
+    torch.testing.assert_close(w, weights)
+    torch.testing.assert_close(y, expected)
+    torch.testing.assert_close(attn(x, mask=mask, causal=causal)[0], expected)  # bmm kernel
+    fast = attention._bmm_is_faster
+    try:
+        attention._bmm_is_faster = lambda q, k: False
+        torch.testing.assert_close(attn(x, mask=mask, causal=causal)[0], expected)  # fused
+    finally:
+        attention._bmm_is_faster = fast
+
+
+def test_relative_positions_bias_self_attention_only_and_start_at_zero():
+    cfg = ModelConfig(d_model=32, heads=4, d_ff=64, encoder_layers=1, decoder_layers=1,
+                      relative_positions=3)
+    model = Transformer(cfg, 40)
+    assert model.encoder[0].self_attn.position_bias.shape == (4, 7)
+    assert model.decoder[0].self_attn.position_bias.abs().sum() == 0
+    assert model.decoder[0].cross_attn.position_bias is None
+    plain = Transformer(ModelConfig(d_model=32, heads=4, d_ff=64, encoder_layers=1,
+                                    decoder_layers=1), 40)
+    assert {k for k in model.state_dict()} - {k for k in plain.state_dict()} == {
+        "encoder.0.self_attn.position_bias", "decoder.0.self_attn.position_bias"}

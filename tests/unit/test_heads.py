@@ -57,9 +57,14 @@ def test_parse_head_mask_and_its_errors():
             parse_head_mask(bad, counts)
 
 
+@pytest.mark.parametrize("relative", [0, 3])
 @pytest.mark.parametrize("spec", ["enc:0:1,dec:1:0,dec:1:3,dec-enc:0:2", "enc:1:*,dec-enc:0:0"])
-def test_masking_heads_equals_removing_them(spec):
-    model = _model()
+def test_masking_heads_equals_removing_them(spec, relative):
+    model = _model(relative_positions=relative)
+    with torch.no_grad():  # relative-position biases go with their heads
+        for module in attention_modules(model).values():
+            if module.position_bias is not None:
+                module.position_bias.normal_()
     src, tgt = _batch()
     heads = parse_head_mask(spec, attention_modules(model))
     masked = copy.deepcopy(model)
@@ -74,10 +79,13 @@ def test_masking_heads_equals_removing_them(spec):
     assert not torch.allclose(full, want, atol=1e-4)  # the mask did change the function
     n = sum(len(v) for v in heads.values())
     d, dk = 32, 8  # per head: q, k, v rows (with bias) of in_proj and dk columns of out_proj
-    assert before - sum(p.numel() for p in removed.parameters()) == n * (3 * dk * (d + 1) + dk * d)
+    self_heads = sum(len(v) for (site, _), v in heads.items() if site != "dec-enc")
+    assert before - sum(p.numel() for p in removed.parameters()) == \
+        n * (3 * dk * (d + 1) + dk * d) + self_heads * (2 * relative + 1 if relative else 0)
     assert count_heads(removed) == {s: 8 - sum(len(v) for (site, _), v in heads.items()
                                                if site == s) for s in count_heads(model)}
-    rebuilt = _model(seed=5)  # a pruned checkpoint loads into a model reshaped by apply_kept
+    # a pruned checkpoint loads into a model reshaped by apply_kept
+    rebuilt = _model(seed=5, relative_positions=relative)
     apply_kept(rebuilt, kept)
     rebuilt.load_state_dict(removed.state_dict())
     with torch.no_grad():
@@ -165,3 +173,25 @@ def test_gates_close_on_a_toy_problem_with_a_large_l0_weight(l0_lambda, closed):
     with torch.no_grad():
         model(src, tgt)  # eval mode: the 0/1 test-time gates are on every module
     assert all(set(m.head_gate.tolist()) <= {0.0, 1.0} for m in attention_modules(model).values())
+
+
+def test_relative_position_biases_and_gates_get_their_own_learning_rates():
+    """Adam's first step moves every parameter with a gradient by about its group's lr."""
+    model = _model(relative_positions=2).train()
+    model.gates = HardConcreteGates(model, l0_lambda=0.1, lr=0.1)
+    opt = adam(model, 1e-3, (0.9, 0.98), 1e-9, weight_decay=0.01, position_bias_lr=0.05)
+    biases = [m.position_bias for m in attention_modules(model).values()
+              if m.position_bias is not None]
+    assert len(biases) == 4  # enc-self and dec-self, 2 layers each; cross-attention has none
+    lrs = {id(p): g["lr"] for g in opt.param_groups for p in g["params"]}
+    assert all(lrs[id(b)] == 0.05 for b in biases)
+    assert all(lrs[id(p)] == 0.1 for p in model.gates.parameters())
+    assert sorted(set(lrs.values())) == [1e-3, 0.05, 0.1]
+    assert len(lrs) == sum(1 for _ in model.parameters())  # every parameter in one group
+    src, tgt = _batch()
+    before = [b.detach().clone() for b in biases]
+    logits = model(src, tgt)
+    torch.nn.functional.cross_entropy(logits.flatten(0, 1), tgt.flatten()).backward()
+    opt.step()
+    moved = torch.cat([(b - a).abs().flatten() for a, b in zip(before, biases)])
+    assert 0.04 < moved.max() < 0.0501
