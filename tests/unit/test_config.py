@@ -76,6 +76,7 @@ def test_enum_values_are_checked_when_composing():
     (["trainer.precision=fp16"], "trainer.precision='fp16': use fp32 or bf16"),
     (["model.kv_heads=3"], "model.heads=4 is not a multiple of model.kv_heads=3"),
     (["model.kv_heads=0"], "model.kv_heads=0 must be a positive integer"),
+    (["model.relative_positions=-1"], "model.relative_positions=-1 must be 0 (off) or the largest"),
     (["model.attention=talking_heads", "model.kv_heads=2"],
      "model.kv_heads=2 applies to model.attention=mha"),
     (["model.heads_k=2"], "model.heads_k=2 needs model.attention=talking_heads"),
