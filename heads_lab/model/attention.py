@@ -133,7 +133,7 @@ class MultiHeadAttention(Attention):
             if _bmm_is_faster(q, k):
                 return _bmm_attention(q, k, v, mask, causal, p, rel), None
             if rel is not None:  # the fused kernel takes one additive mask: bias, -inf masked
-                mask, causal = _additive_mask(rel[None].to(q.dtype), mask, causal), False
+                mask, causal = _fill_masked(rel[None].to(q.dtype), mask, causal), False
             # fused kernel; never materialises [batch, heads, query, key]
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
                                                is_causal=causal, enable_gqa=grouped)
@@ -236,27 +236,22 @@ def _bmm_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal:
     return torch.bmm(weights, v.reshape(b * kv, m, d)).view(b, h, n, d)
 
 
-def _additive_mask(bias: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
-    """`bias` [.., query, key] with masked keys (mask False) and, if causal, future keys at -inf."""
+def _fill_masked(x: Tensor, mask: Tensor | None, causal: bool, inplace: bool = False) -> Tensor:
+    """`x` [.., query, key] with masked keys (mask False) and, if causal, future keys at -inf;
+    `inplace` fills `x` itself (safe when nothing else needs it for backward)."""
+    fill = torch.Tensor.masked_fill_ if inplace else torch.Tensor.masked_fill
     if mask is not None:
-        bias = bias.masked_fill(~mask, float("-inf"))
+        x = fill(x, ~mask, float("-inf"))
     if causal:
-        n, m = bias.shape[-2:]
-        bias = bias.masked_fill(torch.ones(n, m, dtype=torch.bool, device=bias.device)
-                                .triu(m - n + 1), float("-inf"))
-    return bias
+        n, m = x.shape[-2:]
+        future = torch.ones(n, m, dtype=torch.bool, device=x.device).triu(m - n + 1)
+        x = fill(x, future, float("-inf"))
+    return x
 
 
 def _masked_softmax(logits: Tensor, mask: Tensor | None, causal: bool, inplace: bool = False):
-    """Softmax over keys, in at least fp32, with masked keys (mask False) and, if causal, future
-    keys at -inf. `inplace` fills `logits` itself (safe when nothing else needs them for backward)."""
-    fill = torch.Tensor.masked_fill_ if inplace else torch.Tensor.masked_fill
-    if mask is not None:
-        logits = fill(logits, ~mask, float("-inf"))
-    if causal:
-        n, m = logits.shape[-2:]
-        future = torch.ones(n, m, dtype=torch.bool, device=logits.device).triu(m - n + 1)
-        logits = fill(logits, future, float("-inf"))
+    """Softmax over keys, in at least fp32, of `_fill_masked(logits, ...)`."""
+    logits = _fill_masked(logits, mask, causal, inplace)
     return logits.softmax(dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
 
 
