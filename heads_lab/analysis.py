@@ -9,7 +9,8 @@ Conventions (every metric below is over the first `analysis.max_sentences` sente
 - Confidence: mean over queries of the maximum weight; EOS queries (the encoder's last
   position) are left out.
 - Positional (self-attention): the share of queries whose argmax is at the head's most common
-  relative offset (argmax − query); positional when ≥ analysis.positional_threshold.
+  relative offset (argmax − query), among the queries for which that offset is inside the
+  sentence (query 0 has no offset −1); positional when ≥ analysis.positional_threshold.
 - Rare-word (source keys: enc-self, dec-enc): the share of queries whose argmax is a source token
   with the lowest training-data frequency in the sentence (EOS excluded); rare when
   > analysis.rare_threshold.
@@ -99,24 +100,33 @@ def confidence(maps: list[np.ndarray], skip_last_query: bool) -> np.ndarray:
 
 
 def positional(maps: list[np.ndarray], skip_last_query: bool) -> tuple[np.ndarray, np.ndarray]:
-    """([layers, heads] share of queries at the most common offset, [layers, heads] offset)."""
-    counts: dict[tuple[int, int], Counter] = {}
-    n = 0
+    """([layers, heads] share of queries at the most common offset, [layers, heads] offset).
+
+    The offset is the head's most common argmax − query. Its share counts only the queries for
+    which that offset is a key of the sentence: the first token has no previous token, so a head
+    that always looks at the previous token scores 1, not (n − 1) / n, on short sentences too.
+    """
+    hits: dict[tuple[int, int], Counter] = {}
+    spans: Counter = Counter()  # (queries, keys) → sentences, for the per-offset denominators
     for m in maps:
-        layers, heads, nq, _ = m.shape
+        layers, heads, nq, nk = m.shape
         queries = nq - 1 if skip_last_query else nq
         if queries <= 0:
             continue
         offsets = m[..., :queries, :].argmax(axis=-1) - np.arange(queries)  # [L, H, q]
         for layer in range(layers):
             for head in range(heads):
-                counts.setdefault((layer, head), Counter()).update(offsets[layer, head].tolist())
-        n += queries
+                hits.setdefault((layer, head), Counter()).update(offsets[layer, head].tolist())
+        spans[queries, nk] += 1
+
+    def valid(k: int) -> int:  # queries q with 0 ≤ q + k < keys, summed over sentences
+        return sum(n * max(0, min(q, keys - k) - max(0, -k)) for (q, keys), n in spans.items())
+
     layers, heads = maps[0].shape[:2]
     share, offset = np.zeros((layers, heads)), np.zeros((layers, heads), dtype=int)
-    for (layer, head), c in counts.items():
-        best, hits = c.most_common(1)[0]
-        share[layer, head], offset[layer, head] = hits / max(n, 1), best
+    for (layer, head), c in hits.items():
+        best, count = c.most_common(1)[0]
+        share[layer, head], offset[layer, head] = count / max(valid(best), 1), best
     return share, offset
 
 

@@ -52,7 +52,12 @@ def main(args: list[str]) -> int:
     result, sentences = analyze(model, corpus, cfg, device, run.trainer.max_tokens)
     result.update({"run_dir": str(run_dir), "checkpoint": path.name, "overrides": overrides})
     pngs = figures.metric_grids(result["grids"], out)
-    pngs.append(figures.function_map(result["functions"], out))
+    offsets = {site: [[None] * len(row) for row in rows]
+               for site, rows in result["functions"].items()}
+    for h in result["heads"]:
+        if h["positional"]:
+            offsets[h["site"]][h["layer"]][h["head"]] = h["positional"]["offset"]
+    pngs.append(figures.function_map(result["functions"], out, offsets))
     pngs += figures.distance_matrices(result["distances"], result["diversity"], out)
     tok = corpus.tokenizer
     for i in cfg.sentences:

@@ -171,9 +171,20 @@ def metric_grids(grids: Mapping[str, Mapping[str, Sequence[Sequence[float | None
     return paths
 
 
-def function_map(functions: Mapping[str, Sequence[Sequence[str]]], out_dir: Path) -> Path:
+def function_label(function: str, offset: int | None = None) -> str:
+    """A cell's text in the function map: the role's letter, and a positional head's offset
+    ("P−1", "P0", "P+1")."""
+    letter = FUNCTION_LETTERS[function]
+    if function != "positional" or offset is None:
+        return letter
+    return f"{letter}{'+' if offset > 0 else '−' if offset < 0 else ''}{abs(offset)}"
+
+
+def function_map(functions: Mapping[str, Sequence[Sequence[str]]], out_dir: Path,
+                 offsets: Mapping[str, Sequence[Sequence[int | None]]] | None = None) -> Path:
     """head_functions.png: each head's role (positional, syntactic, rare, other) as a colour and a
-    letter, one layer×head panel per site, as in Voita et al.'s figures."""
+    letter, one layer×head panel per site, as in Voita et al.'s figures; with `offsets`
+    (site → layer × head), positional heads also show their relative offset."""
     import matplotlib.colors as mcolors
     from matplotlib.patches import Patch
 
@@ -192,12 +203,14 @@ def function_map(functions: Mapping[str, Sequence[Sequence[str]]], out_dir: Path
     cmap = mcolors.ListedColormap([FUNCTION_COLOURS[f] for f in FUNCTIONS])
     norm = mcolors.BoundaryNorm(np.arange(len(FUNCTIONS) + 1) - 0.5, len(FUNCTIONS))
     fig, axes = _layer_head_panels(plt, sites, codes, (0.45, 0.15), (0.5, 2.2))
-    for ax, code in zip(axes, codes):
+    for ax, code, site in zip(axes, codes, sites):
         ax.imshow(code, cmap=cmap, norm=norm, aspect="equal")
         size = 9 if code.shape[1] <= 8 else 7 if code.shape[1] <= ANNOTATE_HEADS else 5
+        site_offsets = (offsets or {}).get(site)
         for (i, j), k in np.ndenumerate(code):
             f = FUNCTIONS[int(k)]
-            ax.text(j, i, FUNCTION_LETTERS[f], ha="center", va="center", fontsize=size,
+            label = function_label(f, site_offsets[i][j] if site_offsets else None)
+            ax.text(j, i, label, ha="center", va="center", fontsize=size,
                     fontweight="bold", color=_ink(mcolors.to_rgba(FUNCTION_COLOURS[f])))
         ax.set_xticks(np.arange(code.shape[1] + 1) - 0.5, minor=True)
         ax.set_yticks(np.arange(code.shape[0] + 1) - 0.5, minor=True)

@@ -37,10 +37,38 @@ def test_previous_token_head_is_positional_and_uniform_head_is_not():
     uniform = np.full((n, n), 1.0 / n)
     maps = [np.stack([np.stack([prev, uniform])])]  # [1 layer, 2 heads, n, n]
     share, offset = positional(maps, skip_last_query=True)
-    assert offset[0, 0] == -1 and share[0, 0] == pytest.approx(10 / 11)
+    # query 0 has no previous token: the share is over the 10 queries where −1 exists
+    assert offset[0, 0] == -1 and share[0, 0] == 1.0
     assert share[0, 1] == pytest.approx(1 / 11)  # argmax of a uniform row: key 0
     conf = confidence(maps, skip_last_query=True)
     assert conf[0, 0] == 1.0 and conf[0, 1] == pytest.approx(1 / n)
+
+
+def test_positional_share_counts_only_queries_where_the_offset_exists():
+    # previous-token heads on a 4-token and a 7-token sentence (EOS query left out), one miss
+    # each (the miss points at the last key)
+    def prev_head(n: int, miss: int) -> np.ndarray:
+        targets = [max(i - 1, 0) for i in range(n)]
+        targets[miss] = n - 1
+        return np.stack([np.stack([_one_hot(targets, n)])])
+
+    maps = [prev_head(4, miss=2), prev_head(7, miss=5)]
+    share, offset = positional(maps, skip_last_query=True)
+    # −1 exists for queries 1..2 and 1..5: 7 of the 9 queries, 5 of them hit
+    assert offset[0, 0] == -1 and share[0, 0] == pytest.approx(5 / 7)
+    # an independent count: loop over every query, keep those whose key q − 1 exists
+    hits = total = 0
+    for m in maps:
+        a = m[0, 0]
+        for q in range(a.shape[0] - 1):
+            if q - 1 >= 0:
+                total += 1
+                hits += int(a[q].argmax() == q - 1)
+    assert share[0, 0] == pytest.approx(hits / total)
+    # a causal (decoder) map: offset 0 exists for every query, none is left out
+    causal = np.stack([np.stack([np.eye(5)])])
+    share, offset = positional([causal], skip_last_query=False)
+    assert offset[0, 0] == 0 and share[0, 0] == 1.0
 
 
 def test_rare_word_head_points_at_the_least_frequent_source_token():

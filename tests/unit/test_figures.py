@@ -98,6 +98,16 @@ def test_function_map_colours_each_role_and_skips_absent_sites(tmp_path):
     assert pixels_of(image, figures.FUNCTION_COLOURS["syntactic"]) < 500
 
 
+def test_function_map_labels_positional_heads_with_their_offset(tmp_path):
+    assert [figures.function_label("positional", k) for k in (-1, 0, 2)] == ["P−1", "P0", "P+2"]
+    assert figures.function_label("positional") == "P"
+    assert figures.function_label("syntactic", 3) == "S"  # only positional heads carry one
+    assert figures.function_label("other", -1) == ""
+    functions = {"enc-self": [["positional", "other"], ["syntactic", "positional"]]}
+    path = figures.function_map(functions, tmp_path, {"enc-self": [[-1, None], [None, 1]]})
+    assert pixels_of(read_png(path), figures.FUNCTION_COLOURS["positional"]) > 500
+
+
 def test_function_map_refuses_unknown_roles_and_empty_input(tmp_path):
     with pytest.raises(ValueError, match="'copy'"):
         figures.function_map({"enc-self": [["positional", "copy"]]}, tmp_path)
