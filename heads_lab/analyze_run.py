@@ -115,6 +115,10 @@ def tables(result: dict) -> list:
         summary.add_row(site, *(str(counts.get(k, 0)) for k in
                                 ("positional", "syntactic", "rare", "other")))
     out.append(summary)
+    if result["syntax"]["source"] is None:
+        out.append("syntactic heads: not measured, this split has no dependency arcs (real data: "
+                   "analysis.conllu=<a CoNLL-U parse of the split's source sentences>)")
+        return out
     syn = Table(title="syntactic heads (enc-self): best head per relation vs the offset baseline",
                 title_justify="left")
     for col in ("relation", "arcs", "baseline", "best head", "accuracy"):

@@ -156,3 +156,28 @@ def test_conllu_is_read_with_ud_names_and_bad_lines_are_named(tmp_path: Path):
         read_conllu(bad)
     with pytest.raises(DataError, match="no CoNLL-U file"):
         read_conllu(tmp_path / "missing.conllu")
+
+
+def _result(source, relations):
+    one = [[0.5, 0.5]]
+    return {"functions": {"enc-self": [["other", "syntactic"]]},
+            "grids": {"confidence": {"enc-self": one}, "importance": {"enc-self": one}},
+            "diversity": {"enc-self": [1.0]}, "counts": {"enc-self": {"other": 1, "syntactic": 1}},
+            "heads": [{"site": "enc-self", "layer": 0, "head": h,
+                       "syntactic": {r: {"accuracy": 0.3 + 0.4 * h} for r in relations}}
+                      for h in range(2)],
+            "syntax": {"source": source, "relations": relations}}
+
+
+def test_analyze_tables_say_why_there_are_no_syntactic_heads_on_real_data():
+    from rich.table import Table
+
+    from heads_lab.analyze_run import tables
+
+    gold = tables(_result("gold", {"nsubj dep→head": {"arcs": 12, "baseline": 0.4}}))
+    syn = gold[-1]
+    assert isinstance(syn, Table) and syn.row_count == 1
+    assert [c._cells[0] for c in syn.columns][3:] == ["layer 0 head 1", "0.70"]
+    none = tables(_result(None, {}))
+    assert isinstance(none[-1], str) and "analysis.conllu=" in none[-1]
+    assert not any(isinstance(t, Table) and t.title.startswith("syntactic") for t in none)
