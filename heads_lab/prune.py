@@ -315,6 +315,11 @@ def plot_curves(curves: dict[str, list[dict]], path: Path, split: str) -> Path:
     axes[0].set_ylabel(f"{split} BLEU")
     axes[1].set_ylabel(f"{split} PPL")
     axes[1].set_yscale("log")
+    ppls = [min(r["ppl"], 1e4) for rows in curves.values() for r in rows]
+    plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")  # 7.2, not 7.2×10⁰
+    axes[1].yaxis.set_major_formatter(plain)  # minor ticks labelled only within one decade
+    axes[1].yaxis.set_minor_formatter(plain if max(ppls) < 10 * min(ppls)
+                                      else matplotlib.ticker.NullFormatter())
     for ax in axes:
         ax.set_xlabel("% of the heads (in that attention type) pruned")
         ax.grid(alpha=0.3)

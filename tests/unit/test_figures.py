@@ -241,3 +241,29 @@ def test_bertviz_head_view_passes_per_layer_tensors(tmp_path, monkeypatch):
     assert [tuple(t.shape) for t in kw["encoder_attention"]] == [(1, 3, 6, 6)] * 2
     assert [tuple(t.shape) for t in kw["cross_attention"]] == [(1, 3, 5, 6)] * 2
     np.testing.assert_allclose(kw["cross_attention"][1][0].numpy(), att["dec-enc"][1], atol=1e-6)
+
+
+def _ppl_tick_labels(tmp_path, monkeypatch, ppls):
+    import matplotlib.pyplot as plt
+
+    from heads_lab.prune import plot_curves
+
+    kept = []
+    monkeypatch.setattr(plt, "close", kept.append)  # keep the figure to read its axes back
+    rows = [{"fraction": i / (len(ppls) - 1), "bleu": 30.0 - i, "ppl": p}
+            for i, p in enumerate(ppls)]
+    path = plot_curves({"enc-self": rows}, tmp_path / "curve.png", "test")
+    assert path.is_file() and mpimg.imread(path).shape[2] in (3, 4)
+    ax = kept[0].axes[1]
+    kept[0].canvas.draw()
+    shown = [t.get_text() for t in ax.get_yticklabels(minor=False) + ax.get_yticklabels(minor=True)
+             if t.get_text() and ax.get_ylim()[0] <= t.get_position()[1] <= ax.get_ylim()[1]]
+    return ax.get_yscale(), shown
+
+
+def test_prune_curve_ppl_axis_reads_as_plain_numbers(tmp_path, monkeypatch):
+    scale, narrow = _ppl_tick_labels(tmp_path, monkeypatch, [6.2, 6.5, 7.3])
+    assert scale == "log" and narrow and all(re.fullmatch(r"[0-9.]+", t) for t in narrow), narrow
+    assert "6.4" in narrow or "7" in narrow
+    _, wide = _ppl_tick_labels(tmp_path, monkeypatch, [5.0, 500.0, 5e4])
+    assert set(wide) <= {"1", "10", "100", "1000", "10000", "100000"} and "100" in wide, wide
