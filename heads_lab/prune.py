@@ -308,14 +308,16 @@ def plot_curves(curves: dict[str, list[dict]], path: Path, split: str) -> Path:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    ppls: list[float] = []
     for name, rows in curves.items():
         x = [r["fraction"] * 100 for r in rows]
         axes[0].plot(x, [r["bleu"] for r in rows], marker="o", label=name)
-        axes[1].plot(x, [min(r["ppl"], 1e4) for r in rows], marker="o", label=name)
+        ppl = [min(r["ppl"], 1e4) for r in rows]
+        ppls += ppl
+        axes[1].plot(x, ppl, marker="o", label=name)
     axes[0].set_ylabel(f"{split} BLEU")
     axes[1].set_ylabel(f"{split} PPL")
     axes[1].set_yscale("log")
-    ppls = [min(r["ppl"], 1e4) for rows in curves.values() for r in rows]
     plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")  # 7.2, not 7.2×10⁰
     axes[1].yaxis.set_major_formatter(plain)  # minor ticks labelled only within one decade
     axes[1].yaxis.set_minor_formatter(plain if max(ppls) < 10 * min(ppls)
