@@ -9,6 +9,7 @@ import logging
 import os
 import shutil
 import signal
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -234,9 +235,10 @@ def ensure_writable(path: Path, label: str) -> None:
     chose the dir) and the fix if that fails (a path under a file, read-only, or full)."""
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".write-test"
-        probe.write_bytes(b"")
-        probe.unlink()
+        # a probe of its own: torchrun's ranks probe the same run dir at the same moment
+        fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
     except OSError as err:
         raise ConfigError(f"cannot write to {label} {path}: {err.strerror or err}; choose a "
                           "writable dir (or fix its permissions / free space)") from None

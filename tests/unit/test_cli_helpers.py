@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from heads_lab.config import expand_sweeps
 from heads_lab.config import run_dir_suffix as _dir_suffix
 
@@ -19,3 +21,31 @@ def test_expand_sweeps():
         ["a=1", "b=x", "c=3"], ["a=1", "b=x", "c=4"], ["a=2", "b=x", "c=3"], ["a=2", "b=x", "c=4"]]
     assert expand_sweeps([]) == [[]]
     assert expand_sweeps(["+experiment=x", "m.l=[1,2]"]) == [["+experiment=x", "m.l=[1,2]"]]
+
+
+def test_run_dir_probe_survives_ranks_probing_the_same_dir_at_once(tmp_path):
+    # torchrun's ranks all check rank 0's run dir at start-up; a shared probe file name let one
+    # rank delete another's probe ("cannot write to the run dir: No such file or directory")
+    import threading
+
+    from heads_lab.errors import ConfigError
+    from heads_lab.runner import ensure_writable
+
+    errors = []
+
+    def probe():
+        try:
+            for _ in range(300):
+                ensure_writable(tmp_path, "the run dir")
+        except ConfigError as err:
+            errors.append(err)
+
+    threads = [threading.Thread(target=probe) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and list(tmp_path.iterdir()) == []  # no probe left behind
+    with pytest.raises(ConfigError, match="cannot write to the run dir .*a-file"):
+        (tmp_path / "a-file").write_text("")
+        ensure_writable(tmp_path / "a-file" / "run", "the run dir")
