@@ -1,13 +1,17 @@
 """`heads-lab analyze <run dir> [analysis.KEY=VALUE ...]`: what each head of a trained run does.
 
-For every head (layer × enc-self / dec-self / dec-enc × head), on analysis.split: confidence,
-positional / syntactic / rare-word roles (Voita et al. 2019), importance (Michel et al. 2019)
-and the Jensen–Shannon distance between heads (Clark et al. 2019); see heads_lab/analysis.py
-for the exact definitions. Writes <run dir>/analysis/<time>_<overrides>/: analysis.json, rich
-tables on the console, heads_<metric>.png grids, head_functions.png (the head-function map),
-head_distance.png and head_diversity.png, heatmaps of analysis.heatmaps heads on
-analysis.sentences, and head_view.html (every layer and head of one sentence; with the bertviz
-extra installed also bertviz_head_view.html).
+For every head (layer × enc-self / dec-self / dec-enc × head), on analysis.split or on the
+sentences of analysis.treebank (a CoNLL-U file; analysis.treebank_ref=text_en: teacher-forced on
+its translations): confidence, positional / syntactic / rare-word roles (Voita et al. 2019),
+importance (Michel et al. 2019) and the Jensen–Shannon distance between heads (Clark et al.
+2019); see heads_lab/analysis/ for the exact definitions. Talking heads are measured per kind:
+maps per softmax head, importance per query/key, softmax and value head.
+
+Writes <run dir>/analysis/<time>_<overrides>/: analysis.json, rich tables on the console,
+heads_<metric>.png grids, head_functions.png (the head-function map), head_distance.png and
+head_diversity.png, heatmaps of analysis.heatmaps heads on analysis.sentences, and
+head_view.html (every layer and head of one sentence; with the bertviz extra installed also
+bertviz_head_view.html).
 """
 
 from __future__ import annotations
@@ -32,49 +36,61 @@ def main(args: list[str]) -> int:
     from heads_lab import figures
     from heads_lab.analysis import analyze
     from heads_lab.eval_run import _safe, load_trained
-    from heads_lab.heads import attention_modules, parse_head_mask
+    from heads_lab.heads import KIND_NAMES, attention_modules, head_kinds, map_kind, parse_head_mask
     from heads_lab.tracking import console, write_json
 
     started = time.perf_counter()
     run_dir, overrides = Path(args[0]), args[1:]
     run, config, model, corpus, device, path = load_trained(run_dir, overrides, ALLOWED, USAGE)
     cfg = run.analysis
-    chosen = parse_head_mask(",".join(cfg.heatmaps), attention_modules(model))  # early errors
-    split = corpus.splits[cfg.split]
-    bad = [i for i in cfg.sentences if not 0 <= i < min(len(split), cfg.max_sentences)]
-    if bad:
-        raise ConfigError(f"analysis.sentences has {bad[0]}: choose sentence numbers below "
-                          f"{min(len(split), cfg.max_sentences)} (analysis.max_sentences)")
+    modules = attention_modules(model)
+    # heatmaps draw attention maps: their heads are the maps' kind (softmax heads, h of them)
+    map_heads = {key: head_kinds(m)[map_kind(m)] for key, m in modules.items()}
+    chosen = parse_head_mask(",".join(cfg.heatmaps), map_heads)  # early errors
+    if not cfg.treebank:  # known before the maps are made; a treebank's count after
+        split = corpus.splits[cfg.split]
+        _check_sentences(cfg.sentences, len(split) if cfg.max_sentences is None
+                         else min(len(split), cfg.max_sentences))
     label = ",".join(overrides) or "defaults"
     out = run_dir / "analysis" / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_{_safe(label)}"
+    result, sentences = analyze(model, corpus, cfg, device, run.trainer.max_tokens,
+                                run.data.cleaning.normalize)
+    _check_sentences(cfg.sentences, len(sentences))
     out.mkdir(parents=True, exist_ok=False)
-
-    result, sentences = analyze(model, corpus, cfg, device, run.trainer.max_tokens)
     result.update({"run_dir": str(run_dir), "checkpoint": path.name, "overrides": overrides})
-    pngs = figures.metric_grids(result["grids"], out)
+    titles = {site: panel_title(site, kinds, result["map_kind"][site])
+              for site, kinds in result["head_kinds"].items()}
+    pngs = figures.metric_grids(result["grids"], out, _grid_titles(result))
     offsets = {site: [[None] * len(row) for row in rows]
                for site, rows in result["functions"].items()}
     for h in result["heads"]:
-        if h["positional"]:
+        if h.get("positional"):
             offsets[h["site"]][h["layer"]][h["head"]] = h["positional"]["offset"]
-    pngs.append(figures.function_map(result["functions"], out, offsets))
-    pngs += figures.distance_matrices(result["distances"], result["diversity"], out)
+    pngs.append(figures.function_map(result["functions"], out, offsets, titles))
+    pngs += figures.distance_matrices(result["distances"], result["diversity"], out, titles)
     tok = corpus.tokenizer
     for i in cfg.sentences:
         sent = sentences[i]
         src, tgt = tok.pieces(sent.src[:-1]) + ["</s>"], ["<s>"] + tok.pieces(sent.tgt_in[1:])
         axes = {"enc-self": (src, src), "dec-self": (tgt, tgt), "dec-enc": (tgt, src)}
         for (site, layer), heads in chosen.items():
+            if site not in sent.maps:
+                continue  # a treebank without translations: the encoder alone
+            kind = result["map_kind"][site]
+            name = "head" if kind == "head" else f"{kind} head"
             for head in heads:
                 q, k = axes[site]
                 pngs.append(figures.attention_heatmap(
                     sent.maps[site][layer, head], q, k,
-                    f"{site} layer {layer} head {head} · sentence {i}",
-                    out / f"attention_s{i}_{site}_l{layer}_h{head}.png"))
+                    f"{site} layer {layer} {name} {head} · sentence {i}",
+                    out / f"attention_s{i}_{site}_l{layer}_{FILE_KIND[kind]}{head}.png"))
     first = sentences[cfg.sentences[0]] if cfg.sentences else sentences[0]
     src = tok.pieces(first.src[:-1]) + ["</s>"]
     tgt = ["<s>"] + tok.pieces(first.tgt_in[1:])
-    html = [figures.head_view_html(first.maps, src, tgt, out / "head_view.html")]
+    talking = [s for s, k in result["map_kind"].items() if k != "head"]
+    view_title = "heads-lab head view" + (f" ({', '.join(talking)}: talking heads, the maps of "
+                                          f"the {KIND_NAMES['softmax']})" if talking else "")
+    html = [figures.head_view_html(first.maps, src, tgt, out / "head_view.html", view_title)]
     extra = figures.bertviz_head_view(first.maps, src, tgt, out / "bertviz_head_view.html")
     if extra:
         html.append(extra)
@@ -89,15 +105,44 @@ def main(args: list[str]) -> int:
     return 0
 
 
+def _check_sentences(chosen: list[int], count: int) -> None:
+    bad = [i for i in chosen if not 0 <= i < count]
+    if bad:
+        raise ConfigError(f"analysis.sentences has {bad[0]}: choose sentence numbers below "
+                          f"{count} (the sentences analysed; analysis.max_sentences)")
+
+
+FILE_KIND = {"head": "h", "softmax": "softmax-h", "qk": "qk-h", "value": "value-h"}
+
+
+def panel_title(site: str, kinds: dict[str, int], kind: str) -> str:
+    """A site's panel title naming the heads it shows: "enc-self" for multi-head attention,
+    "enc-self · softmax heads (h = 16)" for talking heads."""
+    if kind == "head":
+        return site
+    name, symbol = {"qk": ("query/key", "h_K"), "softmax": ("softmax", "h"),
+                    "value": ("value", "h_V")}[kind]
+    return f"{site} · {name} heads ({symbol} = {kinds[kind]})"
+
+
+def _grid_titles(result: dict) -> dict[str, dict[str, str]]:
+    return {metric: {site: panel_title(site, result["head_kinds"][site], kind)
+                     for site, kind in by_site.items()}
+            for metric, by_site in result["grid_kinds"].items()}
+
+
 def tables(result: dict) -> list:
-    """Per site: one row per layer, each head as role letter + confidence + importance; and the
-    role counts."""
+    """Per site: one row per layer, each head as role letter + confidence + importance (of the
+    same heads: the maps' kind); for talking heads also the importance of the query/key and
+    value heads; the role counts; and the syntactic relations."""
     from rich.table import Table
 
     out = []
+    grid = result["grids"]
     for site, layers in result["functions"].items():
-        grid = result["grids"]
-        table = Table(title=f"{site} heads: role (P positional, S syntactic, R rare) · "
+        kind = result["map_kind"][site]
+        heads = "heads" if kind == "head" else f"{kind} heads (h = {len(layers[0])})"
+        table = Table(title=f"{site} {heads}: role (P positional, S syntactic, R rare) · "
                             "confidence · importance", title_justify="left")
         table.add_column("layer")
         for head in range(len(layers[0])):
@@ -105,9 +150,23 @@ def tables(result: dict) -> list:
         table.add_column("diversity", justify="right")
         for layer, labels in enumerate(layers):
             cells = [f"{LETTER[fn]} {grid['confidence'][site][layer][h]:.2f} "
-                     f"{grid['importance'][site][layer][h]:.2f}" for h, fn in enumerate(labels)]
+                     f"{_num(grid['importance'][site][layer][h])}" for h, fn in enumerate(labels)]
             table.add_row(str(layer), *cells, f"{result['diversity'][site][layer]:.2f}")
         out.append(table)
+        for other in result["head_kinds"][site]:
+            scores = grid.get(f"importance_{other}", {}).get(site)
+            if other == kind or scores is None:
+                continue
+            extra = Table(title=f"{panel_title(site, result['head_kinds'][site], other)}: "
+                                "importance" + (" (what gates, masks and removal act on)"
+                                                if other == "value" else ""),
+                          title_justify="left")
+            extra.add_column("layer")
+            for head in range(len(scores[0])):
+                extra.add_column(f"h{head}", justify="right")
+            for layer, row in enumerate(scores):
+                extra.add_row(str(layer), *(_num(v) for v in row))
+            out.append(extra)
     summary = Table(title="head roles per attention type", title_justify="left")
     for col in ("site", "positional", "syntactic", "rare", "other"):
         summary.add_column(col, justify="left" if col == "site" else "right")
@@ -115,20 +174,44 @@ def tables(result: dict) -> list:
         summary.add_row(site, *(str(counts.get(k, 0)) for k in
                                 ("positional", "syntactic", "rare", "other")))
     out.append(summary)
-    if result["syntax"]["source"] is None:
-        out.append("syntactic heads: not measured, this split has no dependency arcs (real data: "
-                   "analysis.conllu=<a CoNLL-U parse of the split's source sentences>)")
-        return out
-    syn = Table(title="syntactic heads (enc-self): best head per relation vs the offset baseline",
-                title_justify="left")
-    for col in ("relation", "arcs", "baseline", "best head", "accuracy"):
-        syn.add_column(col, justify="left" if col in ("relation", "best head") else "right")
-    heads = [h for h in result["heads"] if h["site"] == "enc-self" and h["syntactic"]]
-    for rel, info in result["syntax"]["relations"].items():
-        best = max(heads, key=lambda h: h["syntactic"][rel]["accuracy"], default=None)
-        if best:
-            syn.add_row(rel, str(info["arcs"]), f"{info['baseline']:.2f}",
-                        f"layer {best['layer']} head {best['head']}",
-                        f"{best['syntactic'][rel]['accuracy']:.2f}")
-    out.append(syn)
+    out += syntax_tables(result)
     return out
+
+
+def syntax_tables(result: dict) -> list:
+    """The syntactic relations: arcs, offset baseline, best encoder head and its accuracy, and
+    the sentences matched (or why syntactic heads were not measured)."""
+    from rich.table import Table
+
+    syntax = result["syntax"]
+    if syntax["source"] is None:
+        return ["syntactic heads: not measured, this split has no dependency arcs (real data: "
+                "analysis.treebank=<a CoNLL-U treebank of the source language>, or "
+                "analysis.conllu=<a CoNLL-U parse of the split's source sentences>)"]
+    kind = result["map_kind"].get("enc-self", "head")
+    heads = "head" if kind == "head" else f"{kind} head"
+    syn = Table(title=f"syntactic heads (enc-self, {syntax['source']}): best {heads} per relation "
+                      f"vs the most-frequent-offset baseline (* ≥ "
+                      f"{result['thresholds']['syntactic_margin']:.2f} above it with ≥ "
+                      f"{result['thresholds']['min_arcs']} arcs)", title_justify="left")
+    for col in ("relation", "arcs", "baseline", f"best {heads}", "accuracy", "gain",
+                "heads above"):
+        syn.add_column(col, justify="left" if col in ("relation", f"best {heads}") else "right")
+    for rel, info in syntax["relations"].items():
+        best = info["best"]
+        mark = "*" if info["heads_above_margin"] else ""
+        syn.add_row(rel, f"{info['arcs']:,}", f"{info['baseline']:.2f}",
+                    f"L{best['layer']} H{best['head']}", f"{best['accuracy']:.2f}",
+                    f"{best['gain']:+.2f}{mark}", str(info["heads_above_margin"]))
+    matched = (f"sentences matched to their trees: {syntax['matched']:,} of "
+               f"{syntax['sentences']:,} ({100 * syntax['matched_share']:.1f} %)"
+               if syntax.get("sentences") else "")
+    if syntax.get("unmatched"):
+        first = syntax["unmatched"][0]
+        matched += (f"; unmatched listed in analysis.json (first: #{first['index']}"
+                    f"{' ' + first['sent_id'] if first.get('sent_id') else ''}, {first['reason']})")
+    return [syn, matched] if matched else [syn]
+
+
+def _num(v) -> str:
+    return "–" if v is None else f"{v:.2f}"

@@ -241,7 +241,14 @@ def validate(run: RunConfig) -> None:
     for key, value in (("analysis.split", a.split), ("prune.split", pr.split),
                        ("prune.eval_split", pr.eval_split)):
         _check(value in ("train", "valid", "test"), f"{key}={value!r}: use train, valid or test")
-    _check(a.max_sentences >= 1, f"analysis.max_sentences={a.max_sentences} must be >= 1")
+    _check(a.max_sentences is None or a.max_sentences >= 1,
+           f"analysis.max_sentences={a.max_sentences} must be >= 1 (or null for all)")
+    _check(a.min_arcs >= 1, f"analysis.min_arcs={a.min_arcs} must be >= 1")
+    _check(not (a.treebank and a.conllu), "analysis.treebank and analysis.conllu both set: "
+           "analysis.treebank analyses a treebank's own sentences, analysis.conllu parses of "
+           "analysis.split's; choose one")
+    _check(a.treebank or not a.treebank_ref, "analysis.treebank_ref needs analysis.treebank (the "
+           "CoNLL-U file whose '# <ref> = ...' lines hold the translations, e.g. text_en)")
     for key in ("positional_threshold", "rare_threshold", "syntactic_margin"):
         value = getattr(a, key)
         _check(0.0 <= value <= 1.0, f"analysis.{key}={value} must be in [0, 1]")
@@ -256,6 +263,10 @@ def validate(run: RunConfig) -> None:
     _check(len(pr.stretch) == 2 and pr.stretch[0] < 0 < 1 < pr.stretch[1],
            f"prune.stretch={list(pr.stretch)} must be [γ < 0, ζ > 1], e.g. [-0.1,1.1]")
     _check(pr.steps >= 1, f"prune.steps={pr.steps} must be >= 1")
+    _check(pr.gate_eval in ("voita", "binary"), f"prune.gate_eval={pr.gate_eval!r}: use voita "
+           "(alive iff the gate's deterministic value > 0, as Voita et al.) or binary (> 0.5)")
+    _check(0.0 < pr.init_keep < 1.0, f"prune.init_keep={pr.init_keep} must be in (0, 1): "
+           "σ(log α) at the start, 0.9 or Voita et al.'s 0.5 (log α = 0)")
     _check(pr.eval_sentences is None or pr.eval_sentences >= 1,
            f"prune.eval_sentences={pr.eval_sentences} must be >= 1 (or null for all)")
     _check(d.max_len >= 1, f"data.max_len={d.max_len} must be >= 1")

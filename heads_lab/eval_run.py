@@ -66,12 +66,13 @@ def _evaluate(run, config: dict, run_dir: Path, overrides: list[str], files) -> 
     from heads_lab.model import Transformer
     from heads_lab.runner import evaluate_on_split
     from heads_lab.tracking import console, summary_table, write_json
-    from heads_lab.train import resolve_device
+    from heads_lab.train import check_precision, resolve_device
 
     started = time.perf_counter()
     if run.trainer.threads:
         torch.set_num_threads(run.trainer.threads)
     device = resolve_device(run.trainer.device)
+    check_precision(device, run.trainer.precision)
     states, used = [], []
     for _, path in files:  # newest first; corrupt ones are skipped with a warning
         if len(states) == run.eval.average_last:
@@ -145,7 +146,7 @@ def load_trained(run_dir: Path, overrides: list[str], allowed: tuple[str, ...], 
     from heads_lab.config import cache_dir, to_dict
     from heads_lab.data import prepare
     from heads_lab.model import Transformer
-    from heads_lab.train import resolve_device
+    from heads_lab.train import check_precision, resolve_device
 
     bad = [o for o in overrides if not o.lstrip("+").startswith(allowed)]
     if bad:
@@ -160,6 +161,7 @@ def load_trained(run_dir: Path, overrides: list[str], allowed: tuple[str, ...], 
     if run.trainer.threads:
         torch.set_num_threads(run.trainer.threads)
     device = resolve_device(run.trainer.device)
+    check_precision(device, run.trainer.precision)
     corpus = prepare(run.data, cache_dir(run.paths))
     model = Transformer(run.model, len(corpus.tokenizer), corpus.tokenizer.pad)
     if any(k.startswith("gates.") for k in state["model"]):  # trained with head gates: they

@@ -124,10 +124,11 @@ def _limits(values: list[np.ndarray]) -> tuple[float, float, bool]:
 
 
 def _layer_head_panels(plt, sites: list[str], arrays: list[np.ndarray], cell: tuple[float, float],
-                       pad: tuple[float, float]):
+                       pad: tuple[float, float], titles: Mapping[str, str] | None = None):
     """A figure with one titled layer×head panel per site, sized by the heads and layers: cell
     is (inches per cell, its floor when there are too many heads to annotate), pad the extra
-    (width, height) in inches. Returns (figure, the row of axes)."""
+    (width, height) in inches; `titles` (site → title) name the heads' kind where a site has
+    more than one (talking heads). Returns (figure, the row of axes)."""
     heads = [a.shape[1] for a in arrays]
     size = cell[0] if max(heads) <= ANNOTATE_HEADS else max(cell[1], 8 / max(heads))
     layers = max(a.shape[0] for a in arrays)
@@ -135,16 +136,18 @@ def _layer_head_panels(plt, sites: list[str], arrays: list[np.ndarray], cell: tu
         1, len(sites), squeeze=False, layout="constrained", gridspec_kw={"width_ratios": heads},
         figsize=(max(5.0, sum(heads) * size + 1.1 * len(sites) + pad[0]), layers * size + pad[1]))
     for ax, site, a in zip(axes[0], sites, arrays):
-        ax.set_title(site)
+        ax.set_title(_text((titles or {}).get(site, site)), fontsize=10)
         _ticks(ax, a.shape[1], "x", "head")
         _ticks(ax, a.shape[0], "y", "layer")
     return fig, axes[0]
 
 
 def metric_grids(grids: Mapping[str, Mapping[str, Sequence[Sequence[float | None]]]],
-                 out_dir: Path) -> list[Path]:
+                 out_dir: Path, titles: Mapping[str, Mapping[str, str]] | None = None
+                 ) -> list[Path]:
     """heads_<metric>.png per metric: one layer×head heatmap per site, one colour scale per
-    metric, grey cells where nothing was measured (None or NaN)."""
+    metric, grey cells where nothing was measured (None or NaN); `titles` (metric → site →
+    panel title) say which heads a panel shows."""
     import matplotlib.colors as mcolors
     from matplotlib import colormaps
 
@@ -159,7 +162,8 @@ def metric_grids(grids: Mapping[str, Mapping[str, Sequence[Sequence[float | None
         lo, hi, diverging = _limits(arrays)
         cmap = colormaps["RdBu_r" if diverging else "viridis"].with_extremes(bad=MISSING_COLOUR)
         norm = mcolors.Normalize(lo, hi)
-        fig, axes = _layer_head_panels(plt, sites, arrays, (0.5, 0.12), (1.4, 1.8))
+        fig, axes = _layer_head_panels(plt, sites, arrays, (0.5, 0.12), (1.4, 1.8),
+                                       (titles or {}).get(metric))
         for ax, values in zip(axes, arrays):
             image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, norm=norm, aspect="equal")
             if values.shape[1] <= ANNOTATE_HEADS:
@@ -181,10 +185,12 @@ def function_label(function: str, offset: int | None = None) -> str:
 
 
 def function_map(functions: Mapping[str, Sequence[Sequence[str]]], out_dir: Path,
-                 offsets: Mapping[str, Sequence[Sequence[int | None]]] | None = None) -> Path:
+                 offsets: Mapping[str, Sequence[Sequence[int | None]]] | None = None,
+                 titles: Mapping[str, str] | None = None) -> Path:
     """head_functions.png: each head's role (positional, syntactic, rare, other) as a colour and a
     letter, one layer×head panel per site, as in Voita et al.'s figures; with `offsets`
-    (site → layer × head), positional heads also show their relative offset."""
+    (site → layer × head), positional heads also show their relative offset; `titles` (site →
+    panel title) name the heads' kind."""
     import matplotlib.colors as mcolors
     from matplotlib.patches import Patch
 
@@ -202,7 +208,7 @@ def function_map(functions: Mapping[str, Sequence[Sequence[str]]], out_dir: Path
         codes.append(_grid(site, [[FUNCTIONS.index(f) for f in r] for r in rows], "functions"))
     cmap = mcolors.ListedColormap([FUNCTION_COLOURS[f] for f in FUNCTIONS])
     norm = mcolors.BoundaryNorm(np.arange(len(FUNCTIONS) + 1) - 0.5, len(FUNCTIONS))
-    fig, axes = _layer_head_panels(plt, sites, codes, (0.45, 0.15), (0.5, 2.2))
+    fig, axes = _layer_head_panels(plt, sites, codes, (0.45, 0.15), (0.5, 2.2), titles)
     for ax, code, site in zip(axes, codes, sites):
         ax.imshow(code, cmap=cmap, norm=norm, aspect="equal")
         size = 9 if code.shape[1] <= 8 else 7 if code.shape[1] <= ANNOTATE_HEADS else 5
@@ -224,10 +230,12 @@ def function_map(functions: Mapping[str, Sequence[Sequence[str]]], out_dir: Path
 
 
 def distance_matrices(distances: Mapping[str, Sequence[Sequence[Sequence[float]]]],
-                      diversity: Mapping[str, Sequence[float]], out_dir: Path) -> list[Path]:
+                      diversity: Mapping[str, Sequence[float]], out_dir: Path,
+                      titles: Mapping[str, str] | None = None) -> list[Path]:
     """head_distance.png (per site a row of per-layer head×head Jensen–Shannon distance matrices,
     one colour scale) and head_diversity.png (mean pairwise distance against layer, a line per
-    site); a figure whose input has no site is not written."""
+    site); a figure whose input has no site is not written. `titles` (site → name) name the
+    heads' kind."""
     import matplotlib.colors as mcolors
     from matplotlib import colormaps
 
@@ -257,7 +265,8 @@ def distance_matrices(distances: Mapping[str, Sequence[Sequence[Sequence[float]]
                     continue
                 m = mats[site][col]
                 image = ax.imshow(np.ma.masked_invalid(m), cmap=cmap, norm=norm)
-                ax.set_title(f"{site} layer {col}", fontsize=9)
+                ax.set_title(_text(f"{(titles or {}).get(site, site)} layer {col}"),
+                             fontsize=9 if not titles or titles.get(site, site) == site else 7)
                 _ticks(ax, m.shape[1], "x", "head")
                 _ticks(ax, m.shape[0], "y", "head")
                 if m.shape[0] <= ANNOTATE_DISTANCE_HEADS:
@@ -274,7 +283,7 @@ def distance_matrices(distances: Mapping[str, Sequence[Sequence[Sequence[float]]
             most = max(most, len(values))
             top = max([top] + [v for v in values if math.isfinite(v)])
             ax.plot(range(len(values)), values, marker="o", color=SITE_COLOURS[site],
-                    label=site)
+                    label=_text((titles or {}).get(site, site)))
         ax.set_xticks(range(most))
         ax.set_xlabel("layer")
         ax.set_ylabel("mean pairwise JS distance between heads")

@@ -49,6 +49,43 @@ def gated_heads(module: Attention) -> int:
     return module.out_heads
 
 
+# Kinds of heads. Multi-head attention (grouped/multi-query too) has one: a query head with its
+# softmax and its output ("head"). Talking heads have three, of different counts: h_K query/key
+# heads (the logits J), h softmax heads (the weights W, the attention maps) and h_V value heads
+# (the outputs O that masks, gates and removal act on). Numbers of different kinds never pair.
+KIND_NAMES = {"head": "heads", "qk": "query/key heads (h_K)", "softmax": "softmax heads (h)",
+              "value": "value heads (h_V)"}
+
+
+def head_kinds(module: Attention) -> dict[str, int]:
+    """{kind: count} of `module`'s heads, in the order they act (see KIND_NAMES)."""
+    if isinstance(module, TalkingHeadsAttention):
+        return {"qk": module.q_heads, "softmax": module.heads, "value": module.v_heads}
+    return {"head": module.heads}
+
+
+def map_kind(module: Attention) -> str:
+    """The kind whose attention maps (softmax weights) the module returns."""
+    return "softmax" if isinstance(module, TalkingHeadsAttention) else "head"
+
+
+def out_kind(module: Attention) -> str:
+    """The kind that masks, Hard Concrete gates and removal act on (gated_heads of them)."""
+    return "value" if isinstance(module, TalkingHeadsAttention) else "head"
+
+
+def set_kind_gate(module: Attention, kind: str, gate: Tensor | None) -> None:
+    """Multiply the heads of one kind by `gate` [count] (None: ones)."""
+    if kind == out_kind(module):
+        module.head_gate = gate
+    elif kind == "qk":
+        module.qk_gate = gate
+    elif kind == "softmax":
+        module.softmax_gate = gate
+    else:
+        raise ValueError(f"{type(module).__name__} has no {kind!r} heads: {list(head_kinds(module))}")
+
+
 def parse_head_mask(spec: str, modules: dict[tuple[str, int], Attention] | dict[tuple[str, int],
                     int]) -> HeadSet:
     """`enc:0:3,dec-enc:2:*` → {("enc-self", 0): [3], ("dec-enc", 2): [0, …, h-1]}. Sites:
@@ -173,16 +210,22 @@ class HardConcreteGates(nn.Module):
     """One Hard Concrete gate per head of every attention module (Louizos et al. 2018, as used
     by Voita et al. 2019): log α per head; with u ~ U(0, 1),
       s = σ((log u − log(1 − u) + log α) / β),  z = min(1, max(0, s·(ζ − γ) + γ))
-    while training; at test time z = 1 where min(1, max(0, σ(log α)(ζ − γ) + γ)) > 0.5, else 0
-    (a head is kept or removed). The L0 term of a module is Σ_h P(z_h ≠ 0) =
-    Σ_h σ(log α_h − β log(−γ/ζ)); `penalty` averages it over the gated modules."""
+    while training. At test time the deterministic ẑ = min(1, max(0, σ(log α)(ζ − γ) + γ)) decides
+    (`rule`): "voita", as Voita et al.'s code, keeps a head iff ẑ > 0 (log α > −ln(−ζ/γ), −2.40
+    for the default stretch) and scales its output by ẑ; "binary" keeps it iff ẑ > 0.5
+    (log α > 0 for the default stretch) at 1. The L0 term of a module is Σ_h P(z_h ≠ 0) =
+    Σ_h σ(log α_h − β log(−γ/ζ)); `penalty` averages it over the gated modules. log α starts at
+    logit(init_keep)."""
 
     def __init__(self, model: nn.Module, sites: tuple[str, ...] = SITES, temperature: float = 0.33,
                  stretch: tuple[float, float] = (-0.1, 1.1), init_keep: float = 0.9,
-                 l0_lambda: float = 0.0, lr: float | None = None):
+                 l0_lambda: float = 0.0, lr: float | None = None, rule: str = "voita"):
         super().__init__()
+        if rule not in ("voita", "binary"):
+            raise ValueError(f"gate rule {rule!r}: voita or binary")
         self.beta, (self.gamma, self.zeta) = temperature, stretch
         self.l0_lambda, self.lr = l0_lambda, lr  # lr: the gates' own (None: the model's)
+        self.rule = rule
         self.keys = [key for key in attention_modules(model) if key[0] in sites]
         # σ(log α) = init_keep at the start: every gate open at test time
         start = math.log(init_keep / (1 - init_keep))
@@ -201,8 +244,13 @@ class HardConcreteGates(nn.Module):
         return (torch.sigmoid(log_alpha) * (self.zeta - self.gamma) + self.gamma).clamp(0.0, 1.0)
 
     def test_gates(self) -> dict[tuple[str, int], Tensor]:
-        return {key: (self.expected(self.log_alpha[_name(key)]) > 0.5).float()
-                for key in self.keys}
+        """Each gated module's test-time gate [heads] under `rule`: ẑ (voita) or ẑ > 0.5 (binary);
+        0 is a closed head."""
+        out = {}
+        for key in self.keys:
+            z = self.expected(self.log_alpha[_name(key)]).detach()
+            out[key] = z if self.rule == "voita" else (z > 0.5).to(z.dtype)
+        return out
 
     def prob_open(self, log_alpha: Tensor) -> Tensor:
         """P(z ≠ 0) per head."""
@@ -231,8 +279,27 @@ def install_gates(model: nn.Module, prune_cfg, l0_lambda: float | None = None) -
     """Hard Concrete gates on `model` (as model.gates) from a PruneConfig."""
     model.gates = HardConcreteGates(
         model, tuple(prune_cfg.sites), prune_cfg.temperature, tuple(prune_cfg.stretch),
+        init_keep=prune_cfg.init_keep,
         l0_lambda=prune_cfg.l0_lambda if l0_lambda is None else l0_lambda, lr=prune_cfg.gate_lr,
+        rule=prune_cfg.gate_eval,
     ).to(next(model.parameters()).device)
+
+
+@torch.no_grad()
+def fold_gates(model: nn.Module) -> HeadSet:
+    """Make a gated model's test-time function its own and take the gates off: each head's
+    test-time gate (ẑ under the voita rule, 1 or 0 under binary) multiplies its columns of
+    out_proj. Returns the closed heads (now contributing nothing), for remove_heads."""
+    gates = model.gates
+    closed = gates.closed()
+    for key, gate in gates.test_gates().items():
+        module = gates.modules_[key]
+        scale = gate.to(module.out_proj.weight.dtype).repeat_interleave(module.head_dim)
+        module.out_proj.weight.mul_(scale[None, :])
+    model.gates = None
+    for module in attention_modules(model).values():
+        module.head_gate = None
+    return closed
 
 
 def gates_kept(model: nn.Module) -> dict[str, int]:

@@ -197,8 +197,9 @@ def curve_table(curves: dict[str, list[dict]]) -> dict[str, Any]:
 def gate_table(results: list[dict]):
     from rich.table import Table
 
-    table = Table(title="Hard Concrete gates (Voita et al. 2019): heads kept vs BLEU",
-                  title_justify="left")
+    rules = " / ".join(sorted({r.get("gate_eval", "binary") for r in results}))
+    table = Table(title=f"Hard Concrete gates (Voita et al. 2019): heads kept ({rules} rule) vs "
+                        "BLEU", title_justify="left")
     for col in ("λ", "from", "kept e", "kept d", "kept d-e", "BLEU", "BLEU unpruned", "PPL"):
         table.add_column(col, justify="right")
     for r in results:
@@ -208,7 +209,7 @@ def gate_table(results: list[dict]):
 
 
 def gates_from_trained(run, config, model, corpus, eval_split, device, out: Path) -> dict:
-    from heads_lab.heads import count_heads, format_heads, install_gates, remove_heads
+    from heads_lab.heads import count_heads, fold_gates, format_heads, install_gates, remove_heads
     from heads_lab.tracking import console, write_json
     from heads_lab.train import inverse_sqrt, train
 
@@ -228,17 +229,14 @@ def gates_from_trained(run, config, model, corpus, eval_split, device, out: Path
     started = time.perf_counter()
     train(model, corpus.splits["train"], corpus.splits["valid"], tcfg, run.seed, device, on_log)
     train_s = time.perf_counter() - started
-    closed = model.gates.closed()
-    model.gates = None
-    for module in model.modules():  # the gates' last values go with them
-        if hasattr(module, "head_gate"):
-            module.head_gate = None
+    closed = fold_gates(model)  # kept heads × their test-time gate (p.gate_eval), gates off
     total = count_heads(model)
     remove_heads(model, closed)
     after = evaluate(model, eval_split, corpus, run, device)
     kept = count_heads(model)
     result = {"method": "gates", "l0_lambda": p.l0_lambda, "steps": p.steps, "lr": tcfg.lr,
-              "gate_lr": p.gate_lr, "train_s": train_s, "heads": total, "kept": kept,
+              "gate_lr": p.gate_lr, "gate_eval": p.gate_eval, "init_keep": p.init_keep,
+              "train_s": train_s, "heads": total, "kept": kept,
               "removed": format_heads(closed), "bleu": after["bleu"], "chrf": after["chrf"],
               "ppl": after["ppl"], "bleu_before": before["bleu"], "ppl_before": before["ppl"],
               "params": sum(x.numel() for x in model.parameters()),
@@ -265,8 +263,8 @@ def gates_from_trained(run, config, model, corpus, eval_split, device, out: Path
                        f"{after['forward_tok_s']:,.0f}", f"{before['forward_tok_s']:,.0f}",
                        f"{after['decode_s']:.2f}", f"{before['decode_s']:.2f}"]]}
     _write_tables(out, table)
-    _print(_rich(table, "Hard Concrete gates from the trained model: the closed heads removed "
-                        "for real"))
+    _print(_rich(table, f"Hard Concrete gates from the trained model ({p.gate_eval} rule): the "
+                        "closed heads removed for real"))
     result["files"] = ["prune.md", "prune.csv", "results.json", f"hyps.{split}.txt"]
     return result
 

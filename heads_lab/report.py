@@ -272,6 +272,11 @@ def render(rows: list[Row], base: Row, varying: list[str], split: str,
         body.append(cells)
     note = ("mean ± std over the runs (seeds) of a row; p: sacrebleu paired bootstrap of BLEU "
             "vs the base row (seed-matched hypotheses)")
+    if gated:  # runs from before prune.gate_eval existed kept heads by the binary rule
+        rules = sorted({r.config.get("prune.gate_eval") or "binary" for row in rows
+                        for r in row.runs if "heads_kept/enc-self" in r.metrics})
+        note += (f"; kept: heads the test-time gates keep, by the {' / '.join(rules)} rule "
+                 "(prune.gate_eval)")
     if paper:
         note += f"; paper columns: {paper['label']} (theirs, not ours)"
     return {"header": header, "rows": body, "note": note, "varying": varying}

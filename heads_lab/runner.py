@@ -33,7 +33,7 @@ from heads_lab.heads import (
 )
 from heads_lab.model import Transformer, admin_init, count_parameters
 from heads_lab.tracking import Tracker, console, environment, short_name, summary_table, write_json
-from heads_lab.train import autocast, resolve_device, seed_everything, train
+from heads_lab.train import autocast, check_precision, resolve_device, seed_everything, train
 
 log = logging.getLogger(__name__)
 DEFAULT_THREADS = torch.get_num_threads()  # at start-up: all cores unless OMP_NUM_THREADS says
@@ -54,6 +54,7 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
     ranks = data_parallel.from_env()
     main_rank = ranks is None or ranks.is_main
     device = resolve_device(run.trainer.device)
+    check_precision(device, run.trainer.precision)
     if ranks is not None and device.type == "cuda":
         device = torch.device("cuda", ranks.local_rank)
     peak = PeakMemory(device)
@@ -84,8 +85,9 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
         if ranks is not None:
             raise ConfigError("prune.l0_lambda (head gates) trains in one process; drop torchrun")
         install_gates(model, run.prune)
-        log.info("Hard Concrete gates on %s heads (λ = %g)",
-                 sum(len(g) for g in model.gates.test_gates().values()), run.prune.l0_lambda)
+        log.info("Hard Concrete gates on %s heads (λ = %g, start σ(log α) = %g, heads kept by "
+                 "the %s rule)", sum(len(g) for g in model.gates.test_gates().values()),
+                 run.prune.l0_lambda, run.prune.init_keep, run.prune.gate_eval)
     params = count_parameters(model)
     lengths = Lengths(float(train_split.src_lens.mean()), float(train_split.tgt_lens.mean()))
     costs = account(run.model, len(corpus.tokenizer), lengths)

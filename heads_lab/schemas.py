@@ -264,11 +264,14 @@ class AnalysisConfig:
     # `heads-lab analyze <run dir>`: what each head does (Voita et al. 2019, Clark et al. 2019,
     # Michel et al. 2019), on `split` (teacher-forced on the reference translations).
     split: str = "test"  # train | valid | test
-    max_sentences: int = 500  # the first N sentences of the split
+    max_sentences: int | None = 500  # the first N sentences of the split or treebank (null: all)
     positional_threshold: float = 0.9  # positional: max weight on one relative offset this often
     rare_threshold: float = 0.5  # rare-word: max weight on the rarest source token this often
     syntactic_margin: float = 0.1  # syntactic: accuracy above the offset baseline by this much
+    min_arcs: int = 20  # syntactic: only relations with at least this many arcs label a head
     conllu: str | None = None  # a CoNLL-U file of the split's source sentences (real data)
+    treebank: str | None = None  # a CoNLL-U file (.gz too) analysed on its own `# text` lines
+    treebank_ref: str | None = None  # its comment holding translations (text_en): decoder too
     heatmaps: list[str] = field(default_factory=list)  # heads to draw, e.g. [enc:0:3, dec-enc:2:*]
     sentences: list[int] = field(default_factory=lambda: [0])  # sentences for heatmaps/head view
 
@@ -290,6 +293,12 @@ class PruneConfig:
     lr: float | None = None  # gates from a trained run: the model's learning rate (null = the
     # run's last one)
     gate_lr: float | None = 0.05  # the gates' log α learning rate (null = the model's)
+    # which heads a trained gate keeps, ẑ = clamp(σ(log α)(ζ − γ) + γ, 0, 1) being its
+    # deterministic value: voita (Voita et al.'s code: alive iff ẑ > 0, i.e. log α > −ln(−ζ/γ),
+    # the kept head's output × ẑ) | binary (alive iff ẑ > 0.5, log α > 0 for the default
+    # stretch, output × 1)
+    gate_eval: str = "voita"
+    init_keep: float = 0.9  # σ(log α) at the start: 0.9 (log α ≈ 2.2) | 0.5 (log α = 0, Voita's)
 
 
 @dataclass

@@ -40,6 +40,13 @@ class Tokenizer:
     def pieces(self, ids: list[int]) -> list[str]:
         return [self.sp.id_to_piece(i) for i in ids]
 
+    def encode_spans(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """The ids of one text and each piece's character span in it: SentencePiece maps its
+        normalisation back, so a span covers the characters the piece came from (with its ▁
+        space; a piece made by expanding one character, as "…" → "...", may be empty)."""
+        out = self.sp.encode(text, return_type="offset_mapping")
+        return list(out["ids"]), [tuple(span) for span in out["offsets"]]
+
 
 def _settings(vocab_size: int, model_type: str) -> dict:
     return dict(vocab_size=vocab_size, model_type=model_type, character_coverage=1.0,

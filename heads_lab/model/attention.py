@@ -172,18 +172,27 @@ class TalkingHeadsAttention(Attention):
         self.logits_mix = nn.Parameter(_mix_init(heads_k, heads))  # P_l [h_K, h]
         self.weights_mix = nn.Parameter(_mix_init(heads, heads_v))  # P_w [h, h_V]
         self.mixed_weights: Tensor | None = None  # U of the last forward with need_weights
+        # multipliers of the query/key heads' logits J [h_K] and of the softmax heads' weights
+        # W [h] before their mixes (importance ξ per head kind: heads_lab.heads); None = ones.
+        # The value heads' multiplier is Attention.head_gate, as for every variant.
+        self.qk_gate: Tensor | None = None
+        self.softmax_gate: Tensor | None = None
 
     def attend(self, q, k, v, mask, causal: bool, need_weights: bool):
         b, h_k, n, _ = q.shape
         m = k.shape[2]
         h, h_v = self.heads, self.v_heads
         j = torch.matmul(q * self.head_dim**-0.5, k.transpose(-2, -1))  # J [batch, h_K, n, m]
-        logits = torch.matmul(self.logits_mix.t(), j.view(b, h_k, n * m)).view(b, h, n, m)  # L
+        if self.qk_gate is not None:
+            j = j * self.qk_gate.to(j.dtype).view(1, -1, 1, 1)
+        logits = torch.matmul(self.logits_mix.t(), j.reshape(b, h_k, n * m)).view(b, h, n, m)  # L
         rel = self.relative_bias(n, m)
         if rel is not None:  # per softmax head, after the mix
             logits = logits + rel
         weights = _masked_softmax(logits, mask, causal, inplace=True)  # W [batch, h, n, m]
-        mixed = torch.matmul(self.weights_mix.t(), weights.view(b, h, n * m)).view(b, h_v, n, m)
+        gated = (weights if self.softmax_gate is None
+                 else weights * self.softmax_gate.to(weights.dtype).view(1, -1, 1, 1))
+        mixed = torch.matmul(self.weights_mix.t(), gated.reshape(b, h, n * m)).view(b, h_v, n, m)
         p = self.dropout if self.training else 0.0
         o = torch.matmul(dropout(mixed, p, True), v)  # O [batch, h_V, n, head_dim]
         if need_weights:

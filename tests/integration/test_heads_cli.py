@@ -3,6 +3,7 @@ a tiny model trained on the synthetic pair."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -50,6 +51,103 @@ def test_analyze_writes_every_head_figures_and_head_view(trained):
     assert "head roles per attention type" in proc.stdout
 
 
+def test_analyze_a_treebank_with_and_without_its_translations(trained, tmp_path):
+    from tests.unit.test_treebank import CONLLU
+
+    treebank = tmp_path / "tb.conllu.gz"
+    treebank.write_bytes(gzip.compress(CONLLU.encode("utf-8")))
+    before = set((trained / "analysis").iterdir()) if (trained / "analysis").is_dir() else set()
+    runs = {}
+    for ref in ([], ["analysis.treebank_ref=text_en"]):
+        proc = heads_lab("analyze", str(trained), f"analysis.treebank={treebank}", *ref,
+                         "analysis.heatmaps=[enc:0:1]", cwd=trained)
+        assert proc.returncode == 0, proc.stderr + proc.stdout
+        (out,) = set((trained / "analysis").iterdir()) - before
+        before.add(out)
+        runs[bool(ref)] = json.loads((out / "analysis.json").read_text()), proc.stdout, out
+    alone, stdout, out = runs[False]  # the encoder alone: no target, no loss, no importance
+    assert alone["source"] == "treebank tb.conllu.gz" and alone["sentences"] == 2
+    assert list(alone["functions"]) == ["enc-self"]
+    assert all(h["importance"] is None for h in alone["heads"])
+    syntax = alone["syntax"]
+    assert (syntax["source"], syntax["sentences"], syntax["matched"]) == ("treebank", 3, 2)
+    assert syntax["unmatched"] == [{"index": 2, "sent_id": "s3",
+                                    "reason": "no '# text = ...' line"}]
+    assert syntax["arcs_within_a_token"] == 1  # dem → an inside "am"
+    assert syntax["relations"]["case dep→head"]["arcs"] == 2
+    assert syntax["relations"]["obl dep→head"]["arcs"] == 2  # obl:arg and obl:tmod
+    assert "sentences matched to their trees: 2 of 3 (66.7 %)" in " ".join(stdout.split())
+    assert (out / "attention_s0_enc-self_l0_h1.png").is_file()
+    both, _, _ = runs[True]  # teacher-forced on text_en: the decoder too
+    assert list(both["functions"]) == ["enc-self", "dec-self", "dec-enc"]
+    assert both["sentences"] == 1 and both["syntax"]["matched"] == 1
+    assert [u["sent_id"] for u in both["syntax"]["unmatched"]] == ["s2", "s3"]
+    assert all(h["importance"] is not None for h in both["heads"])
+
+
+# (h_K, h, h_V): fewer, more and as many softmax heads as value heads
+TALKING = [(8, 4, 8), (8, 16, 8), (2, 8, 4)]
+
+
+@pytest.fixture(scope="module", params=TALKING, ids=lambda k: "hK{}-h{}-hV{}".format(*k))
+def talking(request, tmp_path_factory) -> tuple[Path, tuple[int, int, int]]:
+    hk, h, hv = request.param
+    cwd = tmp_path_factory.mktemp("talking")
+    proc = heads_lab("train", *[a for a in SMALL if not a.startswith("trainer.max_steps")],
+                     "trainer.max_steps=10", "model.attention=talking_heads", f"model.heads={h}",
+                     f"model.heads_k={hk}", f"model.heads_v={hv}", cwd=cwd)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    (results,) = _results(cwd / "outputs")
+    return results.parent, request.param
+
+
+def test_analyze_talking_heads_says_which_heads_every_number_is_about(talking):
+    run, (hk, h, hv) = talking
+    proc = heads_lab("analyze", str(run), "analysis.max_sentences=20",
+                     f"analysis.heatmaps=[enc:1:{h - 1}]", cwd=run)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    (out,) = (run / "analysis").iterdir()
+    result = json.loads((out / "analysis.json").read_text())
+    sites = ("enc-self", "dec-self", "dec-enc")
+    assert result["head_kinds"] == dict.fromkeys(sites, {"qk": hk, "softmax": h, "value": hv})
+    assert result["map_kind"] == dict.fromkeys(sites, "softmax")
+    by_kind = {}
+    for head in result["heads"]:
+        by_kind.setdefault(head["kind"], []).append(head)
+    count = {"qk": hk, "softmax": h, "value": hv}
+    for kind, heads in by_kind.items():  # 3 sites × 2 layers × the kind's count, each once
+        keys = {(x["site"], x["layer"], x["head"]) for x in heads}
+        assert len(heads) == len(keys) == 3 * 2 * count[kind]
+        assert max(x["head"] for x in heads) == count[kind] - 1
+    for head in by_kind["softmax"]:  # map measures only on softmax heads, with their importance
+        assert head["function"] in ("positional", "syntactic", "rare", "other")
+        assert 0 < head["confidence"] <= 1 and head["importance"] >= 0
+    for kind in ("qk", "value"):
+        assert all(set(x) == {"site", "layer", "kind", "head", "importance"} for x in by_kind[kind])
+    grids, kinds = result["grids"], result["grid_kinds"]
+    for site in sites:
+        assert [len(r) for r in grids["confidence"][site]] == [h, h]
+        assert [len(r) for r in grids["importance"][site]] == [h, h]
+        assert [len(r) for r in grids["importance_value"][site]] == [hv, hv]
+        assert [len(r) for r in grids["importance_qk"][site]] == [hk, hk]
+        assert kinds["importance"][site] == kinds["confidence"][site] == "softmax"
+        assert (kinds["importance_value"][site], kinds["importance_qk"][site]) == ("value", "qk")
+        for layer in range(2):  # the per-kind grids are the heads' entries, not another kind's
+            for kind, name in (("softmax", "importance"), ("value", "importance_value")):
+                want = [x["importance"] for x in by_kind[kind]
+                        if (x["site"], x["layer"]) == (site, layer)]
+                assert grids[name][site][layer] == pytest.approx(want)
+        assert len(result["distances"][site][0]) == h
+    assert (out / f"attention_s0_enc-self_l1_softmax-h{h - 1}.png").is_file()
+    for name in ("heads_importance_value.png", "heads_importance_qk.png", "head_functions.png"):
+        assert (out / name).is_file(), name
+    text = " ".join(proc.stdout.split())
+    assert f"enc-self softmax heads (h = {h})" in text
+    assert f"enc-self · value heads (h_V = {hv}): importance" in text
+    bad = heads_lab("analyze", str(run), f"analysis.heatmaps=[enc:0:{h}]", cwd=run)
+    assert bad.returncode == 2 and f"no enc-self layer 0 head '{h}'" in bad.stderr
+
+
 def test_analyze_bad_input_is_one_line(trained):
     for args, text in ((["analysis.sentences=[999]"], "analysis.sentences has 999"),
                        (["analysis.heatmaps=[enc:7:0]"], "no enc-self layer '7'"),
@@ -79,12 +177,13 @@ def test_prune_by_importance_removes_heads_for_real_step_by_step(trained):
 
 def test_prune_with_gates_and_eval_with_a_head_mask(trained):
     proc = heads_lab("prune", str(trained), "-m", "method=gates", "prune.l0_lambda=0,5",
-                     "prune.steps=8", "prune.gate_lr=1.0", "prune.eval_sentences=20",
+                     "prune.steps=8", "prune.gate_lr=3.0", "prune.eval_sentences=20",
                      cwd=trained)
     assert proc.returncode == 0, proc.stderr + proc.stdout
-    assert "heads kept vs BLEU" in proc.stdout
+    assert "heads kept (voita rule) vs BLEU" in " ".join(proc.stdout.split())
     found = sorted((trained / "prune").glob("*gates*/results.json"))
     assert len(found) == 2
+    assert {json.loads(p.read_text())["prune"]["gate_eval"] for p in found} == {"voita"}
     kept = [json.loads(p.read_text())["metrics"] for p in found]
     for m in kept:
         assert 0 <= m["heads_kept/enc-self"] <= 8 and 0 <= m["test/bleu"] <= 100

@@ -10,6 +10,7 @@ import pytest
 
 from heads_lab.analysis import (
     Sentence,
+    Tree,
     attach_arcs,
     confidence,
     diversity,
@@ -90,6 +91,9 @@ class _Pieces:
     def pieces(self, ids: list[int]) -> list[str]:
         return ["▁" + self.words[i] for i in ids]
 
+    def encode_spans(self, text: str):
+        return [], []  # not SentencePiece: the spans come from the pieces (piece_spans)
+
 
 def test_a_head_on_gold_arcs_is_syntactic_against_the_offset_baseline():
     # "the big dog sees a cat" with det / amod / nsubj / dobj arcs; word i is subword i
@@ -98,18 +102,25 @@ def test_a_head_on_gold_arcs_is_syntactic_against_the_offset_baseline():
     rels = ["det", "amod", "nsubj", "root", "det", "dobj", "advmod"]
     n = len(words) + 1
     sents = [Sentence(list(range(len(words))) + [3], [2], {}) for _ in range(4)]
-    skipped, offsets = attach_arcs(sents, [" ".join(words).capitalize()] * 4,
-                                   [(words, heads, rels)] * 4, _Pieces(words))
-    assert skipped == 0 and sents[0].arcs[0] == ([2], [1], "amod")
+    found = attach_arcs(sents, [" ".join(words).capitalize()] * 4,
+                        [Tree(words, heads, rels)] * 4, _Pieces(words))
+    offsets = found.offsets
+    assert found.unmatched == [] and sents[0].arcs[0] == ([2], [0], "det")
+    assert ([2], [1], "amod") in sents[0].arcs and ([3], [5], "obj") in sents[0].arcs  # dobj → obj
     gold = [heads[i] if heads[i] >= 0 else i for i in range(len(words))] + [n - 1]
     on_arcs = _one_hot(gold, n)  # every dependent looks at its head
     prev = _one_hot([max(i - 1, 0) for i in range(n)], n)
     maps = [np.stack([np.stack([on_arcs, prev])])] * 4
     result = syntactic(maps, [s.arcs for s in sents], offsets)
-    for rel in ("nsubj", "dobj", "amod", "advmod"):
+    for rel in ("nsubj", "obj", "amod", "advmod", "det"):
         assert result[f"{rel} dep→head"]["accuracy"][0, 0] == 1.0
-        assert result[f"{rel} dep→head"]["baseline"] == 1.0  # one arc type, one offset
-    assert result["dobj dep→head"]["accuracy"][0, 1] == 0.0  # cat→a, not sees
+        assert result[f"{rel} dep→head"]["arcs"] == 4 * (2 if rel == "det" else 1)
+    for rel in ("nsubj", "obj", "amod", "advmod"):  # one arc each: one offset
+        assert result[f"{rel} dep→head"]["baseline"] == 1.0
+    assert result["det dep→head"]["baseline"] == 0.5  # the→dog at +2, a→cat at +1
+    assert result["obj dep→head"]["accuracy"][0, 1] == 0.0  # cat→a, not sees
+    assert result["det dep→head"]["accuracy"][0, 1] == 0.0  # a→sees, the→the: never the noun
+    assert "case dep→head" not in result  # no arcs, no entry
     # a baseline below 1: two amod arcs at different offsets
     off = {"amod dep→head": Counter({1: 3, 2: 1})}
     mixed = syntactic(maps, [s.arcs for s in sents], off)
@@ -145,11 +156,14 @@ def test_conllu_is_read_with_ud_names_and_bad_lines_are_named(tmp_path: Path):
                     "2\tsee\tsee\tVERB\t_\t_\t0\troot\t_\t_\n"
                     "3-4\tcats\t_\t_\t_\t_\t_\t_\t_\t_\n"
                     "3\tcats\tcat\tNOUN\t_\t_\t2\tobj\t_\t_\n\n", encoding="utf-8")
-    assert read_conllu(good) == [(["Dogs", "see", "cats"], [1, -1, 1], ["nsubj", "root", "obj"])]
+    (tree,) = read_conllu(good)
+    assert (tree.words, tree.heads, tree.rels) == (["Dogs", "see", "cats"], [1, -1, 1],
+                                                   ["nsubj", "root", "obj"])
+    assert tree.text == "Dogs see cats" and tree.tokens == ["Dogs", "see", "cats"]
     words = ["Dogs", "see", "cats"]
     sents = [Sentence([0, 1, 2, 3], [2], {})]
     attach_arcs(sents, ["Dogs see cats"], read_conllu(good), _Pieces(words))
-    assert sents[0].arcs == [([1], [0], "nsubj"), ([1], [2], "dobj")]  # obj read as dobj
+    assert sents[0].arcs == [([1], [0], "nsubj"), ([1], [2], "obj")]
     bad = tmp_path / "bad.conllu"
     bad.write_text("1\tDogs\tdog\n", encoding="utf-8")
     with pytest.raises(DataError, match="bad.conllu:1: a CoNLL-U line has 10"):
@@ -161,12 +175,12 @@ def test_conllu_is_read_with_ud_names_and_bad_lines_are_named(tmp_path: Path):
 def _result(source, relations):
     one = [[0.5, 0.5]]
     return {"functions": {"enc-self": [["other", "syntactic"]]},
+            "head_kinds": {"enc-self": {"head": 2}}, "map_kind": {"enc-self": "head"},
             "grids": {"confidence": {"enc-self": one}, "importance": {"enc-self": one}},
             "diversity": {"enc-self": [1.0]}, "counts": {"enc-self": {"other": 1, "syntactic": 1}},
-            "heads": [{"site": "enc-self", "layer": 0, "head": h,
-                       "syntactic": {r: {"accuracy": 0.3 + 0.4 * h} for r in relations}}
-                      for h in range(2)],
-            "syntax": {"source": source, "relations": relations}}
+            "thresholds": {"syntactic_margin": 0.1, "min_arcs": 20},
+            "syntax": {"source": source, "relations": relations, "sentences": 10, "matched": 10,
+                       "matched_share": 1.0, "unmatched": []}}
 
 
 def test_analyze_tables_say_why_there_are_no_syntactic_heads_on_real_data():
@@ -174,10 +188,13 @@ def test_analyze_tables_say_why_there_are_no_syntactic_heads_on_real_data():
 
     from heads_lab.analyze_run import tables
 
-    gold = tables(_result("gold", {"nsubj dep→head": {"arcs": 12, "baseline": 0.4}}))
-    syn = gold[-1]
-    assert isinstance(syn, Table) and syn.row_count == 1
-    assert [c._cells[0] for c in syn.columns][3:] == ["layer 0 head 1", "0.70"]
+    best = {"layer": 0, "head": 1, "kind": "head", "accuracy": 0.7, "baseline": 0.4, "gain": 0.3}
+    gold = tables(_result("gold", {"nsubj dep→head": {"arcs": 12, "baseline": 0.4, "best": best,
+                                                      "heads_above_margin": 0}}))
+    syn = next(t for t in gold if isinstance(t, Table) and t.title.startswith("syntactic"))
+    assert syn.row_count == 1
+    assert [c._cells[0] for c in syn.columns][3:] == ["L0 H1", "0.70", "+0.30", "0"]
+    assert "10 of 10 (100.0 %)" in gold[-1]
     none = tables(_result(None, {}))
-    assert isinstance(none[-1], str) and "analysis.conllu=" in none[-1]
+    assert isinstance(none[-1], str) and "analysis.treebank=" in none[-1]
     assert not any(isinstance(t, Table) and t.title.startswith("syntactic") for t in none)

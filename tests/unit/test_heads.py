@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from heads_lab.analysis import head_importance
+from heads_lab.analysis import head_importance, importance_by_kind
 from heads_lab.config import AttentionKind, ModelConfig
 from heads_lab.data import Split
 from heads_lab.errors import ConfigError
@@ -20,10 +20,13 @@ from heads_lab.heads import (
     attention_modules,
     config_head_counts,
     count_heads,
+    fold_gates,
     format_heads,
+    head_kinds,
     mask_heads,
     parse_head_mask,
     remove_heads,
+    set_kind_gate,
 )
 from heads_lab.model import Transformer
 from heads_lab.train import adam
@@ -102,39 +105,68 @@ def test_removal_refuses_shared_or_mixed_heads():
             assert torch.isfinite(model(*_batch())).all()
 
 
-def test_importance_equals_a_finite_difference_of_the_loss():
-    model = _model().double()
+TALKING = {"attention": AttentionKind.talking_heads}
+KINDS = [({}, {"head": 4}),
+         ({**TALKING, "heads_k": 8, "heads": 4, "heads_v": 8}, {"qk": 8, "softmax": 4, "value": 8}),
+         ({**TALKING, "heads_k": 8, "heads": 16, "heads_v": 8}, {"qk": 8, "softmax": 16, "value": 8}),
+         ({**TALKING, "heads_k": 2, "heads": 8, "heads_v": 4}, {"qk": 2, "softmax": 8, "value": 4})]
+
+
+@pytest.mark.parametrize("kw, kinds", KINDS)
+def test_importance_of_every_kind_equals_a_finite_difference_of_the_loss(kw, kinds):
+    """|∂L/∂ξ| per head of each kind (talking heads: J's query/key heads, W's softmax heads, O's
+    value heads) against a central difference of the float64 loss with one head's multiplier
+    moved; and head_importance (what pruning ranks) is the removal kind's."""
+    heads = kw.pop("heads", 4)
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=32, heads=heads, d_ff=64, encoder_layers=2, decoder_layers=2,
+                      dropout=0.0, **kw)
+    model = Transformer(cfg, VOCAB).eval().double()
+    kw["heads"] = heads  # the parametrised dict is shared between runs
+    with torch.no_grad():  # mixes away from (rectangular) identity, so every kind matters
+        for module in attention_modules(model).values():
+            for mix in (getattr(module, "logits_mix", None), getattr(module, "weights_mix", None)):
+                if mix is not None:
+                    mix.add_(0.3 * torch.randn_like(mix))
     g = np.random.default_rng(0)
     src = [g.integers(4, VOCAB, n).tolist() for n in (5, 7, 6)]
     tgt = [g.integers(4, VOCAB, n).tolist() for n in (6, 4, 5)]
     split = Split(None, None, src, tgt)
-    got = head_importance(model, split, None, 10_000, torch.device("cpu"))  # one batch
-    assert all(m.head_gate is None for m in attention_modules(model).values())  # left clean
+    got = importance_by_kind(model, split, None, 10_000, torch.device("cpu"))  # one batch
+    modules = attention_modules(model)
+    assert {k: head_kinds(m) for k, m in modules.items()} == dict.fromkeys(modules, kinds)
+    assert set(got) == {(site, layer, kind) for (site, layer) in modules for kind in kinds}
+    for m in modules.values():  # left clean
+        assert m.head_gate is None and getattr(m, "qk_gate", None) is None
+        assert getattr(m, "softmax_gate", None) is None
     from heads_lab.data import collate
 
     batch = collate(split, np.arange(3))
     keep = batch.tgt_out != 0
 
-    def loss(gates) -> float:
-        for key, module in attention_modules(model).items():
-            module.head_gate = gates[key]
+    def loss(key, kind, h, value) -> float:
+        gate = torch.ones(kinds[kind], dtype=torch.float64)
+        gate[h] = value
+        set_kind_gate(modules[key], kind, gate)
         with torch.no_grad():
             hidden = model.decode(batch.tgt_in, model.encode(batch.src))[keep]
-            return torch.nn.functional.cross_entropy(model.logits(hidden),
-                                                     batch.tgt_out[keep]).item()
+            out = torch.nn.functional.cross_entropy(model.logits(hidden),
+                                                    batch.tgt_out[keep]).item()
+        set_kind_gate(modules[key], kind, None)
+        return out
 
     eps = 1e-5
-    for key, module in attention_modules(model).items():
-        grads = []
-        for h in range(module.out_heads):
-            gates = {k: torch.ones(m.out_heads, dtype=torch.float64)
-                     for k, m in attention_modules(model).items()}
-            gates[key][h] = 1 + eps
-            up = loss(gates)
-            gates[key][h] = 1 - eps
-            grads.append((up - loss(gates)) / (2 * eps))
-        want = np.abs(grads) / np.linalg.norm(grads)
-        np.testing.assert_allclose(got[key], want, rtol=1e-5, atol=1e-8)
+    for key in modules:
+        for kind, n in kinds.items():
+            grads = [(loss(key, kind, h, 1 + eps) - loss(key, kind, h, 1 - eps)) / (2 * eps)
+                     for h in range(n)]
+            want = np.abs(grads) / np.linalg.norm(grads)
+            np.testing.assert_allclose(got[(*key, kind)], want, rtol=1e-5, atol=1e-8)
+    removal = "value" if "value" in kinds else "head"
+    pruning = head_importance(model, split, None, 10_000, torch.device("cpu"))
+    assert pruning.keys() == modules.keys()
+    for key, v in pruning.items():
+        np.testing.assert_allclose(v, got[(*key, removal)])
 
 
 def test_hard_concrete_samples_stay_in_unit_interval_and_l0_matches_its_closed_form():
@@ -151,13 +183,68 @@ def test_hard_concrete_samples_stay_in_unit_interval_and_l0_matches_its_closed_f
     torch.testing.assert_close(gates.prob_open(torch.linspace(-4, 4, 9)).double(), closed)
     per_module = [gates.prob_open(gates.log_alpha[f"{s}_{i}"]).sum() for s, i in gates.keys]
     torch.testing.assert_close(gates.penalty(), torch.stack(per_module).mean())
-    assert all(g.sum() == 4 for g in gates.test_gates().values())  # all open at the start
+    start = 1.2 * 0.9 - 0.1  # σ(log α) = init_keep = 0.9, stretched to (−0.1, 1.1)
+    for g in gates.test_gates().values():  # every head open at the start, at ẑ (voita rule)
+        torch.testing.assert_close(g, torch.full((4,), start))
 
 
+@pytest.mark.parametrize("gamma, zeta", [(-0.1, 1.1), (-0.2, 1.05)])
+def test_test_time_gates_follow_the_closed_form_of_each_rule(gamma, zeta):
+    """ẑ = clamp(σ(log α)(ζ − γ) + γ, 0, 1); voita keeps a head iff ẑ > 0 (log α > −ln(−ζ/γ))
+    at ẑ, binary iff ẑ > 0.5 at 1; checked in float64 against math on both sides of each
+    threshold."""
+    edge = -math.log(-zeta / gamma)  # −ln 11 ≈ −2.398 for the default stretch
+    values = [-6.0, edge - 1e-3, edge + 1e-3, -1.0, -1e-3, 1e-3, 1.5, 6.0]
+    for rule in ("voita", "binary"):
+        gates = HardConcreteGates(_model(), sites=("enc-self",), stretch=(gamma, zeta), rule=rule)
+        gates.double()
+        assert gates.keys == [("enc-self", 0), ("enc-self", 1)]  # 4 heads each: 8 values
+        with torch.no_grad():
+            for i, p in enumerate(gates.log_alpha.values()):
+                p.copy_(torch.tensor(values[4 * i:4 * i + 4], dtype=torch.float64))
+        for i, key in enumerate(gates.keys):
+            la = values[4 * i:4 * i + 4]
+            z = [min(1.0, max(0.0, (zeta - gamma) / (1 + math.exp(-a)) + gamma)) for a in la]
+            want = z if rule == "voita" else [1.0 if v > 0.5 else 0.0 for v in z]
+            got = gates.test_gates()[key].tolist()
+            assert got == pytest.approx(want, abs=1e-12)
+            # binary: ẑ > 0.5 ⇔ σ(log α) > (0.5 − γ)/(ζ − γ): log α > 0 for a stretch
+            # symmetric about 0.5, as the default
+            half = math.log((0.5 - gamma) / (zeta - 0.5))
+            assert (half == pytest.approx(0.0)) == (gamma + zeta == pytest.approx(1.0))
+            alive = [a > edge for a in la] if rule == "voita" else [a > half for a in la]
+            assert [g > 0 for g in got] == alive
+            assert gates.closed()[key] == [h for h, a in enumerate(alive) if not a]
+    # Voita et al.'s start, log α = 0: every head alive at ẑ = 0.5 (voita), none (binary)
+    for rule, kept in (("voita", 0.5 * (zeta - gamma) + gamma), ("binary", 0.0)):
+        gates = HardConcreteGates(_model(), stretch=(gamma, zeta), init_keep=0.5, rule=rule)
+        assert all(float(v) == 0.0 for p in gates.log_alpha.values() for v in p)
+        assert all(g.tolist() == pytest.approx([kept] * 4) for g in gates.test_gates().values())
+
+
+@pytest.mark.parametrize("rule", ["voita", "binary"])
+def test_folding_the_gates_then_removing_closed_heads_keeps_the_gated_function(rule):
+    model = _model(seed=3)
+    model.gates = HardConcreteGates(model, rule=rule)
+    with torch.no_grad():  # some heads closed under both rules, others at partial ẑ
+        for i, p in enumerate(model.gates.log_alpha.values()):
+            p.copy_(torch.tensor([-3.0, -1.0, 0.5, 3.0])[torch.arange(4).roll(i)])
+    src, tgt = _batch()
+    with torch.no_grad():
+        gated = model(src, tgt)  # eval mode: the test-time gates on every module
+    closed = fold_gates(model)
+    assert model.gates is None and closed == {k: sorted(v) for k, v in closed.items()}
+    assert sum(map(len, closed.values())) == (6 if rule == "voita" else 12)  # 1 or 2 of 4
+    remove_heads(model, closed)
+    with torch.no_grad():
+        torch.testing.assert_close(model(src, tgt), gated, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rule", ["voita", "binary"])
 @pytest.mark.parametrize("l0_lambda, closed", [(20.0, True), (0.0, False)])
-def test_gates_close_on_a_toy_problem_with_a_large_l0_weight(l0_lambda, closed):
+def test_gates_close_on_a_toy_problem_with_a_large_l0_weight(l0_lambda, closed, rule):
     model = _model().train()
-    model.gates = HardConcreteGates(model, l0_lambda=l0_lambda, lr=0.1)
+    model.gates = HardConcreteGates(model, l0_lambda=l0_lambda, lr=0.1, rule=rule)
     opt = adam(model, 1e-3, (0.9, 0.98), 1e-9)
     src, tgt = _batch()
     torch.manual_seed(0)
@@ -167,12 +254,16 @@ def test_gates_close_on_a_toy_problem_with_a_large_l0_weight(l0_lambda, closed):
         (loss + model.gates.l0_lambda * model.gates.penalty()).backward()
         opt.step()
         opt.zero_grad()
-    open_heads = sum(int(g.sum()) for g in model.gates.test_gates().values())
+    test = model.gates.test_gates()
+    open_heads = sum(int((g > 0).sum()) for g in test.values())
     assert open_heads == (0 if closed else 24)
     model.eval()
     with torch.no_grad():
-        model(src, tgt)  # eval mode: the 0/1 test-time gates are on every module
-    assert all(set(m.head_gate.tolist()) <= {0.0, 1.0} for m in attention_modules(model).values())
+        model(src, tgt)  # eval mode: the test-time gates are on every module
+    for key, module in attention_modules(model).items():
+        torch.testing.assert_close(module.head_gate, test[key])
+        if rule == "binary":
+            assert set(module.head_gate.tolist()) <= {0.0, 1.0}
 
 
 def test_relative_position_biases_and_gates_get_their_own_learning_rates():

@@ -95,3 +95,21 @@ def test_bf16_training_follows_the_fp32_loss_curve():
         assert b["valid/loss"] == pytest.approx(a["valid/loss"], rel=0.05)
     assert bf16.history[-1]["valid/loss"] < bf16.history[0]["valid/loss"] - 0.1  # it learns
     assert all(p.dtype == torch.float32 for p in _model().parameters())  # fp32 master weights
+
+
+def test_bf16_is_refused_on_a_cpu_without_native_bf16(monkeypatch):
+    import heads_lab.train as train_module
+    from heads_lab.errors import ConfigError
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.setattr(train_module, "native_bf16", lambda: False)
+    with pytest.raises(ConfigError, match="no native bf16 .* add trainer.precision=fp32"):
+        train_module.check_precision(cpu, "bf16")
+    train_module.check_precision(cpu, "fp32")
+    train_module.check_precision(gpu, "bf16")  # GPUs multiply bf16 natively
+    monkeypatch.setattr(train_module, "native_bf16", lambda: True)
+    train_module.check_precision(cpu, "bf16")
+    # the probe itself answers from PyTorch's own CPU feature checks
+    monkeypatch.undo()
+    assert train_module.native_bf16() == (torch.cpu._is_avx512_bf16_supported()
+                                          or torch.cpu._is_amx_tile_supported())

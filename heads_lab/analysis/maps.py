@@ -1,0 +1,55 @@
+"""Teacher-forced attention maps of a split, one Sentence per source sentence."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from heads_lab.data import Split, collate
+from heads_lab.heads import SITES
+
+# arcs over source subword positions: (the head word's positions, the dependent's, relation)
+Arc = tuple[list[int], list[int], str]
+
+
+@dataclass
+class Sentence:
+    """One sentence's teacher-forced attention: src ids (+ EOS), tgt_in ids (BOS + tokens) and
+    maps[site] [layers, heads, query, key] (float32; the heads are the maps' own kind: softmax
+    heads for talking heads). Without a target only enc-self is there."""
+
+    src: list[int]
+    tgt_in: list[int]
+    maps: dict[str, np.ndarray]
+    arcs: list[Arc] = field(default_factory=list)
+
+
+@torch.no_grad()
+def collect_maps(model, split: Split, count: int | None, device, batch_size: int = 32,
+                 decoder: bool = True) -> list[Sentence]:
+    """Attention maps of the first `count` (None: all) sentences of `split`, teacher-forced on
+    its targets; `decoder=False` runs the encoder alone (no target: enc-self maps only)."""
+    was_training = model.training
+    model.eval()
+    out: list[Sentence] = []
+    ids_all = np.arange(len(split) if count is None else min(count, len(split)))
+    for start in range(0, len(ids_all), batch_size):
+        batch = collate(split, ids_all[start:start + batch_size]).to(device)
+        memory = model.encode(batch.src, need_weights=True)
+        if decoder:
+            model.decode(batch.tgt_in, memory, need_weights=True)
+        weights = model.attention_weights()
+        sites = SITES if decoder else ("enc-self",)
+        for row in range(batch.src.shape[0]):
+            n_src = int((batch.src[row] != model.pad_id).sum())
+            n_tgt = int((batch.tgt_in[row] != model.pad_id).sum())
+            size = {"enc-self": (n_src, n_src), "dec-self": (n_tgt, n_tgt),
+                    "dec-enc": (n_tgt, n_src)}
+            maps = {site: np.stack([w[row, :, :size[site][0], :size[site][1]].float().cpu().numpy()
+                                    for w in weights[site]]) for site in sites if weights[site]}
+            out.append(Sentence(batch.src[row, :n_src].tolist(),
+                                batch.tgt_in[row, :n_tgt].tolist() if decoder else [], maps))
+    model.train(was_training)
+    return out
