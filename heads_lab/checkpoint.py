@@ -39,7 +39,7 @@ RESUMABLE_CHANGES = {"trainer.max_steps", "trainer.max_epochs", "trainer.valid_e
                      "trainer.log_every", "trainer.save_every", "trainer.keep_last",
                      "trainer.resume", "trainer.threads", "trainer.device",
                      "trainer.save_checkpoint", "trainer.max_bad_steps", "logger", "eval", "paths",
-                     "name", "data.root"}
+                     "name", "data.root", "analysis", "report", "cost", "tags"}
 MAGIC = b"HEADSLAB-CKPT-1\n"
 DIGEST = 32  # bytes of SHA-256
 STEP_FILE = re.compile(r"step_(\d+)\.pt$")
@@ -219,12 +219,18 @@ class Checkpoints:
 
 def _check_same_run(saved: dict[str, Any], current: dict[str, Any], path: Path) -> None:
     """A checkpoint resumes only the run that wrote it: compare every setting that changes the
-    trajectory (model, data, seed, optimizer, batches, precision)."""
+    trajectory (model, data, seed, optimizer, batches, precision). A setting the checkpoint does
+    not have was added by a newer heads-lab after it was written: new settings default to the
+    old behaviour, so it resumes, with a warning naming it."""
     from heads_lab.tracking import flatten
 
     old, new = flatten(saved), flatten(current)
     for key in sorted(set(old) | set(new)):
         if any(key == k or key.startswith(k + ".") for k in RESUMABLE_CHANGES):
+            continue
+        if key not in old:
+            log.warning("%s has no setting %s (added since it was written); resuming with %s=%r",
+                        path.name, key, key, new[key])
             continue
         if old.get(key) != new.get(key):
             raise CheckpointError(

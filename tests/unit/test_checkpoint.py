@@ -118,11 +118,11 @@ def _cfg(**kw) -> TrainerConfig:
     return TrainerConfig(**{**base, **kw})
 
 
-def _train(tmp_path, cfg: TrainerConfig, model=None, **kw):
+def _train(tmp_path, cfg: TrainerConfig, model=None, config=CONFIG, **kw):
     split = _split(60)
     model = model or _model(dropout=0.3)  # seeds torch itself
     result = train(model, split, split, cfg, seed=0, device=CPU,
-                   checkpoints=Checkpoints(tmp_path, cfg, CONFIG), **kw)
+                   checkpoints=Checkpoints(tmp_path, cfg, config), **kw)
     return model, result
 
 
@@ -206,3 +206,25 @@ def test_stop_signals_are_caught_and_reported_then_handlers_restored(name):
             with pytest.raises(KeyboardInterrupt):
                 os.kill(os.getpid(), sig)
     assert signal.getsignal(sig) is before
+
+
+def test_resume_ignores_analysis_settings_and_accepts_settings_added_since(tmp_path, caplog):
+    """What cannot change a trajectory (analysis.*, report.*) may differ, and a setting the
+    checkpoint lacks (added by a newer heads-lab) resumes with a warning; a changed training
+    setting still refuses."""
+    saved = {**CONFIG, "analysis": {"max_sentences": 500}}
+    _train(tmp_path, _cfg(max_steps=4), config=saved)
+    split = _split(60)
+    newer = {**CONFIG, "analysis": {"max_sentences": 9, "min_arcs": 20},
+             "report": {"base": {"model.heads": 8}}, "prune": {"init_keep": 0.9}}
+    cfg = _cfg()
+    with caplog.at_level(logging.WARNING, logger="heads_lab.checkpoint"):
+        result = train(_model(), split, split, cfg, seed=0, device=CPU,
+                       checkpoints=Checkpoints(tmp_path, cfg, newer))
+    assert result.resumed_from == 4
+    assert "no setting prune.init_keep (added since it was written)" in caplog.text
+    assert "analysis" not in caplog.text
+    with pytest.raises(CheckpointError, match="trainer.lr=0.003, not 0.001"):
+        changed = {**newer, "trainer": {**CONFIG["trainer"], "lr": 0.001}}
+        train(_model(), split, split, cfg, seed=0, device=CPU,
+              checkpoints=Checkpoints(tmp_path, cfg, changed))
