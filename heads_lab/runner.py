@@ -49,6 +49,8 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
     if (run_dir / "results.json").is_file():
         raise finished_run(run_dir)
     ensure_writable(run_dir, "the run dir")
+    # a failed sweep job run again is no longer failed (if it fails again, it says so again)
+    (run_dir / "failed.json").unlink(missing_ok=True)
     torch.set_num_threads(run.trainer.threads or DEFAULT_THREADS)  # never inherit a sweep job's
     seed_everything(run.seed)
     ranks = data_parallel.from_env()

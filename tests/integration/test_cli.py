@@ -160,6 +160,22 @@ def test_a_job_failing_at_run_time_does_not_stop_the_sweep(tmp_path):
     assert [json.loads(p.read_text())["config"]["data"]["vocab_size"] for p in found] == [300]
 
 
+def test_a_failed_sweep_job_run_again_is_no_longer_failed(tmp_path):
+    from tests.unit.test_data_sources import _corpus
+
+    root, sweep = tmp_path / "corpus", tmp_path / "sweep"
+    args = ("train", "-m", "model=tiny", "trainer.max_steps=2", "trainer.max_tokens=1024",
+            "eval.beam=1", "logger=none", "data=local", f"data.root={root}", "data.src=de",
+            "data.tgt=en", "data.vocab_size=60", "model.heads=2,4", f"hydra.sweep.dir={sweep}")
+    first = heads_lab(*args, cwd=tmp_path)  # the data is not there yet: both jobs fail
+    assert first.returncode == 2 and "2 job(s) of the sweep failed" in first.stderr
+    assert len(list(sweep.glob("*/failed.json"))) == 2
+    _corpus(root)
+    again = heads_lab(*args, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert list(sweep.glob("*/failed.json")) == [] and len(list(sweep.glob("*/results.json"))) == 2
+
+
 def test_a_sweep_dir_holding_finished_runs_is_refused(tiny_run_dir, tmp_path):
     before = {p: p.read_bytes() for p in tiny_run_dir.rglob("*") if p.is_file()}
     proc = heads_lab("train", "-m", *TINY, "model.heads=2,4",
