@@ -18,30 +18,29 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 
 from heads_lab.errors import ConfigError
+from heads_lab.runs import Command
 
 log = logging.getLogger(__name__)
-USAGE = "heads-lab analyze <run dir> [analysis.KEY=VALUE ...] [data.root=DIR] [trainer.device=...]"
-ALLOWED = ("analysis.", "data.root=", "trainer.device=", "trainer.threads=", "trainer.max_tokens=",
-           "paths.")
+COMMAND = Command("analyze", "analysis", ("analysis.",), __doc__)
 LETTER = {"positional": "P", "syntactic": "S", "rare": "R", "other": "·"}
 
 
 def main(args: list[str]) -> int:
-    if not args or args[0] in ("-h", "--help"):
-        print(f"usage: {USAGE}\n\n{__doc__}")
-        return 0 if args else 2
-    from heads_lab import figures
+    from heads_lab import figures, runs
     from heads_lab.analysis import analyze
-    from heads_lab.eval_run import _safe, load_trained
+    from heads_lab.files import write_json
     from heads_lab.heads import KIND_NAMES, attention_modules, head_kinds, map_kind, parse_head_mask
-    from heads_lab.tracking import console, write_json
+    from heads_lab.sites import SITE
+    from heads_lab.tables import wide_console
 
     started = time.perf_counter()
-    run_dir, overrides = Path(args[0]), args[1:]
-    run, config, model, corpus, device, path = load_trained(run_dir, overrides, ALLOWED, USAGE)
+    opened = runs.open_run(COMMAND, args)
+    if isinstance(opened, int):
+        return opened
+    run_dir, overrides, t = opened
+    run, model, corpus, device = t.run, t.model, t.corpus, t.device
     cfg = run.analysis
     modules = attention_modules(model)
     # heatmaps draw attention maps: their heads are the maps' kind (softmax heads, h of them)
@@ -51,13 +50,12 @@ def main(args: list[str]) -> int:
         split = corpus.splits[cfg.split]
         _check_sentences(cfg.sentences, len(split) if cfg.max_sentences is None
                          else min(len(split), cfg.max_sentences))
-    label = ",".join(overrides) or "defaults"
-    out = run_dir / "analysis" / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_{_safe(label)}"
     result, sentences = analyze(model, corpus, cfg, device, run.trainer.max_tokens,
                                 run.data.cleaning.normalize)
     _check_sentences(cfg.sentences, len(sentences))
-    out.mkdir(parents=True, exist_ok=False)
-    result.update({"run_dir": str(run_dir), "checkpoint": path.name, "overrides": overrides})
+    out = runs.output_dir(run_dir, "analysis", overrides)
+    result.update({"run_dir": str(run_dir), "checkpoint": t.checkpoints[0],
+                   "overrides": overrides})
     titles = {site: panel_title(site, kinds, result["map_kind"][site])
               for site, kinds in result["head_kinds"].items()}
     pngs = figures.metric_grids(result["grids"], out, _grid_titles(result))
@@ -72,7 +70,8 @@ def main(args: list[str]) -> int:
     for i in cfg.sentences:
         sent = sentences[i]
         src, tgt = tok.pieces(sent.src[:-1]) + ["</s>"], ["<s>"] + tok.pieces(sent.tgt_in[1:])
-        axes = {"enc-self": (src, src), "dec-self": (tgt, tgt), "dec-enc": (tgt, src)}
+        tokens = {"src": src, "tgt": tgt}
+        axes = {name: (tokens[s.query], tokens[s.key]) for name, s in SITE.items()}
         for (site, layer), heads in chosen.items():
             if site not in sent.maps:
                 continue  # a treebank without translations: the encoder alone
@@ -97,6 +96,7 @@ def main(args: list[str]) -> int:
     result["files"] = [p.name for p in pngs + html]
     result["seconds"] = time.perf_counter() - started
     write_json(out / "analysis.json", result)
+    console = wide_console(160)
     for table in tables(result):
         console.print(table)
     console.print(f"analysis: {out / 'analysis.json'}")

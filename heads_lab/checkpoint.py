@@ -30,16 +30,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from heads_lab.config import TrainerConfig
+from heads_lab.config import RESUMABLE_CHANGES, TrainerConfig, is_among
 from heads_lab.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 # Settings that may change between a checkpoint and its resumption without changing the run.
-RESUMABLE_CHANGES = {"trainer.max_steps", "trainer.max_epochs", "trainer.valid_every",
-                     "trainer.log_every", "trainer.save_every", "trainer.keep_last",
-                     "trainer.resume", "trainer.threads", "trainer.device",
-                     "trainer.save_checkpoint", "trainer.max_bad_steps", "logger", "eval", "paths",
-                     "name", "data.root", "analysis", "report", "cost", "tags"}
 MAGIC = b"HEADSLAB-CKPT-1\n"
 DIGEST = 32  # bytes of SHA-256
 STEP_FILE = re.compile(r"step_(\d+)\.pt$")
@@ -226,7 +221,7 @@ def _check_same_run(saved: dict[str, Any], current: dict[str, Any], path: Path) 
 
     old, new = flatten(saved), flatten(current)
     for key in sorted(set(old) | set(new)):
-        if any(key == k or key.startswith(k + ".") for k in RESUMABLE_CHANGES):
+        if is_among(key, RESUMABLE_CHANGES):
             continue
         if key not in old:
             log.warning("%s has no setting %s (added since it was written); resuming with %s=%r",

@@ -1,5 +1,6 @@
-"""Typed config schemas (one dataclass per group), their ConfigStore registration and the
-checks that types alone cannot express.
+"""The config: composing conf/ (the typed schemas of heads_lab/schemas.py registered with
+Hydra's ConfigStore), the checks that types alone cannot express, and which settings leave a
+run's trajectory alone.
 
 Each YAML file under conf/<group>/ lists its schema first in its defaults list, so Hydra checks
 names and types when it composes the config: a typo or `model.heads=abc` fails before any work.
@@ -15,6 +16,7 @@ import hashlib
 import itertools
 import os
 import re
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,11 @@ from heads_lab.schemas import (  # noqa: F401
 )
 
 
+def _subclasses(cls: type) -> list[type]:
+    """Every subclass of `cls`, depth first (the data sources' schemas register themselves)."""
+    return [c for sub in cls.__subclasses__() for c in (sub, *_subclasses(sub))]
+
+
 def register_configs() -> None:
     """Register the schemas so conf/ can name them in its defaults lists, and our resolvers."""
     from hydra.core.config_store import ConfigStore
@@ -57,12 +64,10 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunConfig)
     # In their own group, so `--help` lists only real options under model/, data/, ...
+    data = [("data", cls.name, cls) for cls in _subclasses(DataConfig)]  # each data source
     for group, name, node in (
         ("model", "model", ModelConfig),
-        ("data", "synthetic", SyntheticDataConfig),
-        ("data", "multi30k", Multi30kDataConfig),
-        ("data", "local", TextFilesDataConfig),
-        ("data", "hf", HFDataConfig),
+        *data,
         ("trainer", "trainer", TrainerConfig),
         ("eval", "eval", EvalConfig),
         ("logger", "wandb", WandbConfig),
@@ -161,14 +166,59 @@ def to_dict(cfg: DictConfig) -> dict[str, Any]:
     return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)  # type: ignore[return-value]
 
 
+def describe_keys(obj: Any, prefix: str = "") -> list[str]:
+    """`key = value  help` for every field of a config object (a composed RunConfig), nested
+    groups as dotted keys; the help is the schema field's metadata["help"], and a choice lists
+    its values."""
+    lines = []
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            lines += describe_keys(value, key + ".")
+            continue
+        shown = value.value if isinstance(value, Enum) else value
+        help_text = f.metadata.get("help", "")
+        if isinstance(value, Enum) and "|" not in help_text:
+            help_text += f" (one of {', '.join(c.value for c in type(value))})"
+        lines.append(f"  {key} = {shown}" + (f"  # {help_text.strip()}" if help_text else ""))
+    return lines
+
+
+# Settings that change neither a run's trajectory nor its results: where things go, what
+# watches them, how often it is checked and saved, what runs it. Checkpoints resume across them
+# (with RESUMABLE_CHANGES), and `heads-lab report` never groups runs by them (with the seed,
+# which it pools).
+BOOKKEEPING = ("paths", "logger", "name", "tags", "analysis", "report", "cost", "data.root",
+               "trainer.device", "trainer.threads", "trainer.valid_every", "trainer.log_every",
+               "trainer.save_every", "trainer.keep_last", "trainer.resume",
+               "trainer.save_checkpoint")
+# ... and what a resumed run may change besides: how long it trains, how it is evaluated after
+RESUMABLE_CHANGES = (*BOOKKEEPING, "trainer.max_steps", "trainer.max_epochs",
+                     "trainer.max_bad_steps", "eval")
+
+
+def is_among(key: str, prefixes) -> bool:
+    """Whether a flattened key (model.heads) is one of `prefixes` or inside one of them."""
+    return any(key == k or key.startswith(k + ".") for k in prefixes)
+
+
 def _check(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
 
 
 def validate(run: RunConfig) -> None:
-    """Checks the schemas cannot express. Raises ConfigError naming the key and the fix."""
-    m, t, e, d = run.model, run.trainer, run.eval, run.data
+    """Checks the schemas cannot express, one group at a time. Raises ConfigError naming the
+    key and the fix."""
+    _check_model(run.model)
+    _check_trainer(run.trainer)
+    _check_analysis_prune(run.analysis, run.prune)
+    _check_data(run.data, run.trainer, run.model)
+    _check_eval(run.eval, run.data, run.model)
+
+
+def _check_model(m) -> None:
     for key in ("d_model", "heads", "d_ff", "encoder_layers", "decoder_layers", "max_positions"):
         value = getattr(m, key)
         _check(value >= 1, f"model.{key}={value} must be a positive integer")
@@ -185,25 +235,20 @@ def validate(run: RunConfig) -> None:
     for key in ("heads_k", "heads_v", "kv_heads"):
         value = getattr(m, key)
         _check(value is None or value >= 1, f"model.{key}={value} must be a positive integer")
-    if m.kv_heads is not None:
-        _check(m.attention == AttentionKind.mha,
-               f"model.kv_heads={m.kv_heads} applies to model.attention=mha; talking heads set "
-               "their key and value heads with model.heads_k and model.heads_v")
-        _check(m.heads % m.kv_heads == 0,
-               f"model.heads={m.heads} is not a multiple of model.kv_heads={m.kv_heads}: kv_heads "
-               f"must divide heads (one of {_divisors(m.heads)})")
-    if m.attention == AttentionKind.mha:
-        for key in ("heads_k", "heads_v"):
-            value = getattr(m, key)
-            _check(value is None or value == m.heads,
-                   f"model.{key}={value} needs model.attention=talking_heads (mha uses "
-                   "model.heads for queries, keys and values)")
+    from heads_lab.variants import VARIANTS
+
+    problem = VARIANTS[m.attention.value].check(m)  # the variant's own fields
+    _check(problem is None, problem or "")
     unknown = [site for site in m.talking_heads_in if site not in ATTENTION_SITES]
     _check(not unknown, f"model.talking_heads_in has {unknown}: choose from {list(ATTENTION_SITES)}")
     for key in ("dropout", "attention_dropout"):
         value = getattr(m, key)
         _check(0.0 <= value < 1.0, f"model.{key}={value} must be in [0, 1)")
+    _check(m.init != "admin" or m.norm == Norm.post,
+           "model.init=admin is for post-norm models (Liu et al. 2020): set model.norm=post")
 
+
+def _check_trainer(t) -> None:
     _check(
         t.max_steps is not None or t.max_epochs is not None,
         "trainer.max_steps and trainer.max_epochs are both null: set at least one",
@@ -212,35 +257,24 @@ def validate(run: RunConfig) -> None:
         value = getattr(t, key)
         _check(value is None or value >= 1, f"trainer.{key}={value} must be >= 1 (or null)")
     _check(t.lr > 0, f"trainer.lr={t.lr} must be > 0")
-    _check(t.precision in ("fp32", "bf16"), f"trainer.precision={t.precision!r}: use fp32 or bf16")
     _check(t.warmup_steps >= 0, f"trainer.warmup_steps={t.warmup_steps} must be >= 0")
     _check(t.update_freq >= 1, f"trainer.update_freq={t.update_freq} must be >= 1")
     _check(0.0 <= t.label_smoothing < 1.0, "trainer.label_smoothing must be in [0, 1)")
     _check(len(t.adam_betas) == 2, "trainer.adam_betas must be two numbers, e.g. [0.9,0.98]")
     _check(t.valid_every >= 1 and t.log_every >= 1, "trainer.valid_every/log_every must be >= 1")
     _check(t.threads is None or t.threads >= 1, f"trainer.threads={t.threads} must be >= 1")
-    _check(m.init in ("xavier", "admin"), f"model.init={m.init!r}: use xavier or admin")
-    _check(m.init != "admin" or m.norm == Norm.post,
-           "model.init=admin is for post-norm models (Liu et al. 2020): set model.norm=post")
-    _check(e.average_last >= 1, f"eval.average_last={e.average_last} must be >= 1")
     _check(t.clip_norm >= 0, f"trainer.clip_norm={t.clip_norm} must be >= 0 (0 = no clipping)")
     _check(t.save_every >= 0, f"trainer.save_every={t.save_every} must be >= 0 (0 = only at the "
            "end, at each best validation and on a stop signal)")
     _check(t.keep_last >= 1, f"trainer.keep_last={t.keep_last} must be >= 1")
-    _check(t.resume in ("auto", "never"), f"trainer.resume={t.resume!r}: use auto or never")
     _check(t.max_bad_steps >= 1, f"trainer.max_bad_steps={t.max_bad_steps} must be >= 1")
     _check(
         t.device == "auto" or t.device == "cpu" or t.device.startswith("cuda"),
         f"trainer.device={t.device!r} is not a device: use auto, cpu, cuda or cuda:N",
     )
-    if e.head_mask:
-        from heads_lab.heads import config_head_counts, parse_head_mask
 
-        parse_head_mask(e.head_mask, config_head_counts(m))  # raises ConfigError, one line
-    a, pr = run.analysis, run.prune
-    for key, value in (("analysis.split", a.split), ("prune.split", pr.split),
-                       ("prune.eval_split", pr.eval_split)):
-        _check(value in ("train", "valid", "test"), f"{key}={value!r}: use train, valid or test")
+
+def _check_analysis_prune(a, pr) -> None:
     _check(a.max_sentences is None or a.max_sentences >= 1,
            f"analysis.max_sentences={a.max_sentences} must be >= 1 (or null for all)")
     _check(a.min_arcs >= 1, f"analysis.min_arcs={a.min_arcs} must be >= 1")
@@ -252,8 +286,6 @@ def validate(run: RunConfig) -> None:
     for key in ("positional_threshold", "rare_threshold", "syntactic_margin"):
         value = getattr(a, key)
         _check(0.0 <= value <= 1.0, f"analysis.{key}={value} must be in [0, 1]")
-    _check(pr.method in ("importance", "gates"),
-           f"prune.method={pr.method!r}: use importance (Michel et al.) or gates (Voita et al.)")
     _check(0.0 < pr.step <= 0.5, f"prune.step={pr.step} must be in (0, 0.5] (a fraction of heads)")
     unknown = [site for site in pr.sites if site not in ATTENTION_SITES]
     _check(pr.sites and not unknown,
@@ -263,12 +295,13 @@ def validate(run: RunConfig) -> None:
     _check(len(pr.stretch) == 2 and pr.stretch[0] < 0 < 1 < pr.stretch[1],
            f"prune.stretch={list(pr.stretch)} must be [γ < 0, ζ > 1], e.g. [-0.1,1.1]")
     _check(pr.steps >= 1, f"prune.steps={pr.steps} must be >= 1")
-    _check(pr.gate_eval in ("voita", "binary"), f"prune.gate_eval={pr.gate_eval!r}: use voita "
-           "(alive iff the gate's deterministic value > 0, as Voita et al.) or binary (> 0.5)")
     _check(0.0 < pr.init_keep < 1.0, f"prune.init_keep={pr.init_keep} must be in (0, 1): "
            "σ(log α) at the start, 0.9 or Voita et al.'s 0.5 (log α = 0)")
     _check(pr.eval_sentences is None or pr.eval_sentences >= 1,
            f"prune.eval_sentences={pr.eval_sentences} must be >= 1 (or null for all)")
+
+
+def _check_data(d, t, m) -> None:
     _check(d.max_len >= 1, f"data.max_len={d.max_len} must be >= 1")
     _check(
         t.max_tokens >= d.max_len + 1,
@@ -277,18 +310,12 @@ def validate(run: RunConfig) -> None:
     )
     _check(d.max_len + 2 <= m.max_positions, "data.max_len + 2 must not exceed model.max_positions")
     _check(d.vocab_size >= 16, f"data.vocab_size={d.vocab_size} must be >= 16")
-    _check(d.tokenizer in ("bpe", "unigram"), "data.tokenizer must be bpe or unigram")
     c = d.cleaning
-    _check(c.normalize in ("NFC", "NFKC", "NFD", "NFKD", "none"),
-           f"data.cleaning.normalize={c.normalize!r}: use NFC, NFKC, NFD, NFKD or none")
-    _check(c.on_decode_error in ("error", "skip"),
-           f"data.cleaning.on_decode_error={c.on_decode_error!r}: use error or skip")
     _check(c.max_ratio is None or c.max_ratio >= 1,
            f"data.cleaning.max_ratio={c.max_ratio} must be >= 1 (or null for no ratio filter)")
     _check(d.max_train_pairs is None or d.max_train_pairs >= 1,
            f"data.max_train_pairs={d.max_train_pairs} must be >= 1 (or null for all)")
     if isinstance(d, TextFilesDataConfig):
-        _check(d.format in ("text", "tsv"), f"data.format={d.format!r}: use text or tsv")
         needed = ("{split}", "{lang}") if d.format == "text" else ("{split}",)
         _check(all(k in d.pattern for k in needed),
                f"data.pattern={d.pattern!r} must contain {' and '.join(needed)}")
@@ -300,10 +327,12 @@ def validate(run: RunConfig) -> None:
             if key.startswith("p_"):
                 _check(0.0 <= value <= 1.0, f"data.{key}={value} must be a probability in [0, 1]")
 
+
+def _check_eval(e, d, m) -> None:
+    _check(e.average_last >= 1, f"eval.average_last={e.average_last} must be >= 1")
     _check(e.beam >= 1, f"eval.beam={e.beam} must be >= 1 (1 = greedy)")
     _check(e.lenpen >= 0, f"eval.lenpen={e.lenpen} must be >= 0")
     _check(e.max_sentences >= 1, f"eval.max_sentences={e.max_sentences} must be >= 1")
-    _check(e.split in ("valid", "test"), f"eval.split={e.split!r} must be valid or test")
     if e.sacrebleu_test is not None:
         from heads_lab.data import testsets
 
@@ -315,6 +344,11 @@ def validate(run: RunConfig) -> None:
         _check(e.bleu_tokenize in BLEU.TOKENIZERS,
                f"eval.bleu_tokenize={e.bleu_tokenize!r} is not a sacrebleu tokenizer: use one of "
                f"{sorted(BLEU.TOKENIZERS)} (or null for 13a)")
+    if e.head_mask:
+        from heads_lab.sites import parse_head_mask
+        from heads_lab.variants import out_heads
+
+        parse_head_mask(e.head_mask, out_heads(m))  # raises ConfigError, one line
 
 
 def _divisors(n: int) -> list[int]:

@@ -15,9 +15,9 @@ import os
 import resource
 from dataclasses import dataclass
 
-from heads_lab.config import ATTENTION_SITES, ModelConfig, Norm
-
-BYTES_FP32 = 4
+from heads_lab.schemas import ModelConfig, Norm
+from heads_lab.sites import SITE, SITES, layers
+from heads_lab.variants import variant
 
 
 @dataclass
@@ -31,25 +31,22 @@ class Lengths:
 def parameter_count(cfg: ModelConfig, vocab: int) -> dict[str, int]:
     """Parameters by part, by formula; equals `count_parameters` of the built model."""
     d, dk = cfg.d_model, cfg.d_head
-    per_site = {}
-    extra = {}
-    for site in ATTENTION_SITES:
-        c = cfg.head_counts(site)
-        projected = (c["q"] + c["k"] + c["v"]) * dk
-        mixes = c["k"] * c["h"] + c["h"] * c["v"] if cfg.is_talking(site) else 0
-        relative = c["h"] * (2 * cfg.relative_positions + 1) if cfg.relative_positions and \
-            site != "dec-enc" else 0  # a bias per softmax head and offset
-        per_site[site] = d * projected + projected + c["out"] * dk * d + d + mixes + relative
-        extra[site] = mixes
-    layers = {"enc-self": cfg.encoder_layers, "dec-self": cfg.decoder_layers,
-              "dec-enc": cfg.decoder_layers}
-    attention = sum(per_site[s] * layers[s] for s in ATTENTION_SITES)
+    per_site, extra = {}, {}
+    for site in SITES:
+        v = variant(cfg, site)
+        c = v.counts(cfg)
+        projected = (c.q + c.k + c.v) * dk
+        relative = c.h * (2 * cfg.relative_positions + 1) if cfg.relative_positions and \
+            SITE[site].self_attention else 0  # a bias per softmax head and offset
+        extra[site] = v.mix_params(cfg)
+        per_site[site] = d * projected + projected + c.out * dk * d + d + extra[site] + relative
+    attention = sum(per_site[s] * layers(cfg, s) for s in SITES)
     ffn = (cfg.encoder_layers + cfg.decoder_layers) * (2 * d * cfg.d_ff + cfg.d_ff + d)
     n_norms = 2 * cfg.encoder_layers + 3 * cfg.decoder_layers + (2 if cfg.norm == Norm.pre else 0)
     counts = {
         "embeddings": vocab * d,  # shared by source, target and the output layer
         "attention": attention,
-        "talking_heads": sum(extra[s] * layers[s] for s in ATTENTION_SITES),
+        "talking_heads": sum(extra[s] * layers(cfg, s) for s in SITES),
         "ffn": ffn,
         "norm": n_norms * 2 * d,
     }
@@ -61,14 +58,12 @@ def parameter_count(cfg: ModelConfig, vocab: int) -> dict[str, int]:
 def _attention_flops(cfg: ModelConfig, site: str, n: float, m: float, kv_tokens: float) -> float:
     """Forward matmul FLOPs of one attention layer: n queries over m keys, with `kv_tokens`
     key/value positions projected (m in training; 0 for a cached decoding step)."""
-    c, d, dk = cfg.head_counts(site), cfg.d_model, cfg.d_head
-    flops = 2 * n * d * c["q"] * dk  # query projection
-    flops += 2 * kv_tokens * d * (c["k"] + c["v"]) * dk  # key and value projections
-    flops += 2 * n * m * dk * c["q"]  # QKᵀ (each query head; grouped heads share keys, not work)
-    if cfg.is_talking(site):
-        flops += 2 * n * m * (c["k"] * c["h"] + c["h"] * c["v"])  # P_l and P_w mixes
-    flops += 2 * n * m * dk * c["out"]  # weights · V
-    flops += 2 * n * c["out"] * dk * d  # output projection
+    v = variant(cfg, site)
+    c, d, dk = v.counts(cfg), cfg.d_model, cfg.d_head
+    flops = 2 * n * d * c.q * dk  # query projection
+    flops += 2 * kv_tokens * d * (c.k + c.v) * dk  # key and value projections
+    flops += v.score_flops(cfg, n, m)  # QKᵀ (grouped heads share keys, not work), mixes, ·V
+    flops += 2 * n * c.out * dk * d  # output projection
     return flops
 
 
@@ -92,19 +87,15 @@ def decode_flops(cfg: ModelConfig, vocab: int, src: float, tgt: float) -> float:
             total += _attention_flops(cfg, "dec-self", 1, t, 1)
             total += _attention_flops(cfg, "dec-enc", 1, src, 0) + ffn
         total += 2 * cfg.d_model * vocab
-    c = cfg.head_counts("dec-enc")  # source keys/values projected once per layer
-    total += cfg.decoder_layers * 2 * src * cfg.d_model * (c["k"] + c["v"]) * cfg.d_head
+    c = variant(cfg, "dec-enc").counts(cfg)  # source keys/values projected once per layer
+    total += cfg.decoder_layers * 2 * src * cfg.d_model * (c.k + c.v) * cfg.d_head
     return total
 
 
 def attention_activation_bytes(cfg: ModelConfig, site: str, n: float, m: float) -> float:
     """Bytes of [heads, n, m] attention tensors one layer keeps for backward, per sentence pair
-    (fp32). Talking heads keep J, W and U: n·m·(h_K + h + h_V). Multi-head attention runs in the
-    fused SDPA kernel, which keeps no n·m tensor (it recomputes in backward)."""
-    if not cfg.is_talking(site):
-        return 0.0
-    c = cfg.head_counts(site)
-    return BYTES_FP32 * n * m * (c["k"] + c["h"] + c["v"])
+    (fp32), as the site's variant declares them."""
+    return variant(cfg, site).activation_bytes(cfg, n, m)
 
 
 def account(cfg: ModelConfig, vocab: int, lengths: Lengths | None = None) -> dict[str, object]:
@@ -112,7 +103,7 @@ def account(cfg: ModelConfig, vocab: int, lengths: Lengths | None = None) -> dic
     lengths = lengths or Lengths()
     s, t = lengths.src, lengths.tgt
     fwd = forward_flops(cfg, vocab, s, t)
-    sizes = {"enc-self": (s, s), "dec-self": (t, t), "dec-enc": (t, s)}
+    size = {"src": s, "tgt": t}
     return {
         "params": parameter_count(cfg, vocab),
         "lengths": {"src": s, "tgt": t},
@@ -122,7 +113,8 @@ def account(cfg: ModelConfig, vocab: int, lengths: Lengths | None = None) -> dic
             "decode": decode_flops(cfg, vocab, s, t) / t,
         },
         "attention_activation_bytes": {
-            site: attention_activation_bytes(cfg, site, *sizes[site]) for site in ATTENTION_SITES
+            site: attention_activation_bytes(cfg, site, size[SITE[site].query],
+                                             size[SITE[site].key]) for site in SITES
         },
     }
 

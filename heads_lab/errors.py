@@ -1,6 +1,8 @@
 """The few errors a user can cause. The CLI prints them as one line and exits with code 2;
 every other exception is a bug and keeps its traceback."""
 
+import re
+
 
 class HeadsLabError(Exception):
     """Base class: a problem with the user's input, reported as one line."""
@@ -22,3 +24,30 @@ def finished_run(run_dir) -> ConfigError:
     """Refusal to write into a dir holding a finished run's results."""
     return ConfigError(f"{run_dir} already holds a finished run (results.json); choose another "
                        "hydra.run.dir, or delete that dir to run again")
+
+
+def one_line(err: BaseException) -> str:
+    """A user error (ours, or Hydra's and OmegaConf's composition errors) as one line: what is
+    wrong and how to fix it."""
+    if isinstance(err, HeadsLabError):
+        return str(err)
+    text = str(err).strip()
+    cause = str(err.__cause__).strip().splitlines()[0] if err.__cause__ else ""
+    first = text.splitlines()[0] if text else type(err).__name__
+    unknown = re.match(r"Could not override '([^']+)'", first)
+    if unknown:
+        key = unknown.group(1)
+        return (f"unknown config key '{key}' ({cause}); check the spelling against "
+                "`heads-lab train --cfg job`")
+    if "Ambiguous value for argument" in first:
+        return f"{first} (to sweep over the values, add -m, e.g. heads-lab train -m ...)"
+    options = re.search(r"Could not find '([^']+)'.*?Available options in '([^']+)':\s*(.*?)"
+                        r"(?:Config search path|$)", text, re.S)
+    if options:
+        choices = ", ".join(o.strip() for o in options.group(3).split() if o.strip())
+        return (f"unknown config option '{options.group(1)}'; choose {options.group(2)}= one of: "
+                f"{choices}")
+    merge = re.match(r"Error merging override (\S+)", first)
+    if merge:
+        return f"bad value in override {merge.group(1)}: {cause}; fix the value's type or spelling"
+    return f"{first}{': ' + cause if cause else ''}"

@@ -12,22 +12,21 @@ from sacrebleu.metrics import BLEU, CHRF
 from heads_lab.config import EvalConfig
 from heads_lab.data import Split, Tokenizer, bucket, collate
 from heads_lab.decode import decode_batch
-from heads_lab.model import Transformer
+from heads_lab.model import Transformer, evaluating
 
 
 @torch.no_grad()
 def perplexity(model: Transformer, split: Split, max_tokens: int, device) -> dict[str, float]:
     """Mean NLL per target token (subwords + EOS, natural log) and its exponential, the PPL."""
-    was_training = model.training
-    model.eval()
     nll, tokens = 0.0, 0
-    for ids in bucket(split.src_lens, split.tgt_lens, max_tokens):
-        batch = collate(split, ids).to(device)
-        keep = batch.tgt_out != model.pad_id
-        hidden = model.decode(batch.tgt_in, model.encode(batch.src))[keep]
-        nll += F.cross_entropy(model.logits(hidden).float(), batch.tgt_out[keep], reduction="sum").item()
-        tokens += int(keep.sum())
-    model.train(was_training)
+    with evaluating(model):
+        for ids in bucket(split.src_lens, split.tgt_lens, max_tokens):
+            batch = collate(split, ids).to(device)
+            keep = batch.tgt_out != model.pad_id
+            hidden = model.decode(batch.tgt_in, model.encode(batch.src))[keep]
+            nll += F.cross_entropy(model.logits(hidden).float(), batch.tgt_out[keep],
+                                   reduction="sum").item()
+            tokens += int(keep.sum())
     loss = nll / max(tokens, 1)
     return {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "tokens": tokens}
 
@@ -37,17 +36,15 @@ def translate(model: Transformer, split: Split, tokenizer: Tokenizer, cfg: EvalC
               device) -> list[str]:
     """Detokenized translations of every source sentence of `split`, in the split's order.
     Sentences are decoded in batches of similar length (at most cfg.max_sentences each)."""
-    was_training = model.training
-    model.eval()
     hyps: list[list[int]] = [[] for _ in range(len(split))]
     lens = split.src_lens
-    for ids in bucket(lens, lens, max_tokens=cfg.max_sentences * int(lens.max()),
-                      max_sentences=cfg.max_sentences):
-        src = collate(split, ids).src.to(device)
-        for i, out in zip(ids, decode_batch(model, src, cfg.beam, cfg.lenpen, cfg.max_len_a,
-                                            cfg.max_len_b)):
-            hyps[int(i)] = out
-    model.train(was_training)
+    with evaluating(model):
+        for ids in bucket(lens, lens, max_tokens=cfg.max_sentences * int(lens.max()),
+                          max_sentences=cfg.max_sentences):
+            src = collate(split, ids).src.to(device)
+            for i, out in zip(ids, decode_batch(model, src, cfg.beam, cfg.lenpen, cfg.max_len_a,
+                                                cfg.max_len_b)):
+                hyps[int(i)] = out
     return tokenizer.decode(hyps)
 
 

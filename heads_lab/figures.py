@@ -13,30 +13,23 @@ bertviz_head_view writes BertViz's own view when the optional bertviz package is
 
 from __future__ import annotations
 
-import html
-import json
 import math
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from heads_lab.schemas import ATTENTION_SITES
+from heads_lab.sites import SITES, present
 
 FUNCTIONS = ("positional", "syntactic", "rare", "other")
 FUNCTION_COLOURS = {"positional": "#4c72b0", "syntactic": "#55a868", "rare": "#c44e52",
                     "other": "#e6e6e6"}
 FUNCTION_LETTERS = {"positional": "P", "syntactic": "S", "rare": "R", "other": ""}
-SITE_COLOURS = {"enc-self": "C0", "dec-self": "C1", "dec-enc": "C2"}
-SITE_SIDES = {"enc-self": ("src", "src"), "dec-self": ("tgt", "tgt"), "dec-enc": ("tgt", "src")}
-SITE_LABELS = {"enc-self": "enc-self: source → source", "dec-self": "dec-self: target → target",
-               "dec-enc": "dec-enc: target → source"}
+SITE_COLOURS = {site: f"C{i}" for i, site in enumerate(SITES)}
 MISSING_COLOUR = "#d0d0d0"
 ANNOTATE_HEADS = 16  # cell values written in metric grids and function maps up to this many heads
 ANNOTATE_DISTANCE_HEADS = 8  # head×head matrices hold heads² cells: values only when small
-DATA_ID = "heads-lab-data"  # id of the JSON block in head_view_html's page
 
 
 def _pyplot():
@@ -46,14 +39,6 @@ def _pyplot():
     import matplotlib.pyplot as plt
 
     return plt
-
-
-def _sites(data: Mapping[str, Any]) -> list[str]:
-    """The sites of `data` in the fixed order, empty ones skipped; unknown names refused."""
-    unknown = [s for s in data if s not in ATTENTION_SITES]
-    if unknown:
-        raise ValueError(f"unknown attention sites {unknown}: choose from {list(ATTENTION_SITES)}")
-    return [s for s in ATTENTION_SITES if s in data and len(data[s]) > 0]
 
 
 def _text(s: str) -> str:
@@ -155,7 +140,7 @@ def metric_grids(grids: Mapping[str, Mapping[str, Sequence[Sequence[float | None
     out_dir = Path(out_dir)
     paths = []
     for metric, by_site in grids.items():
-        sites = _sites(by_site)
+        sites = present(by_site)
         if not sites:
             continue
         arrays = [_grid(s, by_site[s], metric) for s in sites]
@@ -195,7 +180,7 @@ def function_map(functions: Mapping[str, Sequence[Sequence[str]]], out_dir: Path
     from matplotlib.patches import Patch
 
     plt = _pyplot()
-    sites = _sites(functions)
+    sites = present(functions)
     if not sites:
         raise ValueError("function_map: no attention site to draw")
     codes = []
@@ -242,7 +227,7 @@ def distance_matrices(distances: Mapping[str, Sequence[Sequence[Sequence[float]]
     plt = _pyplot()
     out_dir = Path(out_dir)
     paths = []
-    sites = _sites(distances)
+    sites = present(distances)
     if sites:
         mats = {}
         for site in sites:
@@ -274,7 +259,7 @@ def distance_matrices(distances: Mapping[str, Sequence[Sequence[Sequence[float]]
         fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label="Jensen–Shannon distance")
         fig.suptitle("distance between heads' attention, per layer")
         paths.append(_save(fig, out_dir / "head_distance.png"))
-    sites = _sites(diversity)
+    sites = present(diversity)
     if sites:
         fig, ax = plt.subplots(figsize=(6, 4), layout="constrained")
         most, top = 0, 0.0
@@ -323,282 +308,5 @@ def attention_heatmap(weights, query_tokens: Sequence[str], key_tokens: Sequence
     return _save(fig, Path(path))
 
 
-def _attention_arrays(attention: Mapping[str, Any], src_tokens: Sequence[str],
-                      tgt_tokens: Sequence[str]) -> dict[str, np.ndarray]:
-    """The sites' [layers, heads, n_query, n_key] arrays, checked against the tokens."""
-    tokens = {"src": list(src_tokens), "tgt": list(tgt_tokens)}
-    arrays = {}
-    for site in _sites(attention):
-        a = np.asarray(attention[site], dtype=float)
-        q, k = (tokens[side] for side in SITE_SIDES[site])
-        expected = (len(q), len(k))
-        if a.ndim != 4 or a.shape[2:] != expected or 0 in a.shape[:2]:
-            raise ValueError(f"attention[{site!r}] has shape {a.shape}: expected [layers, heads, "
-                             f"{expected[0]}, {expected[1]}] for {SITE_LABELS[site]} with "
-                             f"{len(src_tokens)} source and {len(tgt_tokens)} target tokens")
-        if not np.isfinite(a).all():
-            raise ValueError(f"attention[{site!r}] has NaN or infinite weights")
-        arrays[site] = a
-    if not arrays:
-        raise ValueError("no attention site to show")
-    return arrays
-
-
-def head_view_html(attention: Mapping[str, Any], src_tokens: Sequence[str],
-                   tgt_tokens: Sequence[str], path: Path,
-                   title: str = "heads-lab head view") -> Path:
-    """One self-contained HTML page (no network) showing every layer and head of one sentence:
-    site and layer menus, a coloured toggle per head, query tokens left and key tokens right
-    joined by lines whose opacity is the weight; hovering a token keeps only its lines."""
-    arrays = _attention_arrays(attention, src_tokens, tgt_tokens)
-    tokens = {"src": [str(t) for t in src_tokens], "tgt": [str(t) for t in tgt_tokens]}
-    data = {
-        "title": title,
-        "src_tokens": tokens["src"],
-        "tgt_tokens": tokens["tgt"],
-        "sites": [{"name": site, "label": SITE_LABELS[site],
-                   "queries": tokens[SITE_SIDES[site][0]], "keys": tokens[SITE_SIDES[site][1]],
-                   "weights": np.round(a, 6).tolist()} for site, a in arrays.items()],
-    }
-    # <, > and & as \u escapes: no token can close the block or start markup; JSON.parse and
-    # json.loads read them back as the characters.
-    blob = (json.dumps(data, ensure_ascii=False).replace("<", "\\u003c").replace(">", "\\u003e")
-            .replace("&", "\\u0026"))
-    fills = {"TITLE": html.escape(title), "DATA_ID": DATA_ID, "DATA": blob}
-    page = re.sub(r"@(TITLE|DATA_ID|DATA)@", lambda m: fills[m.group(1)], _PAGE)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(page, encoding="utf-8")
-    return path
-
-
-def bertviz_head_view(attention: Mapping[str, Any], src_tokens: Sequence[str],
-                      tgt_tokens: Sequence[str], path: Path) -> Path | None:
-    """BertViz's head view (Vig 2019) written to `path`, or None when bertviz is not installed.
-    BertViz takes one layer range for all sites: with unequal depths the shallower one wins.
-    Its page loads require.js and d3 from a CDN; head_view_html needs no network."""
-    try:
-        import bertviz
-        import torch
-    except ImportError:
-        return None
-    arrays = _attention_arrays(attention, src_tokens, tgt_tokens)
-
-    def layers(site: str) -> list | None:
-        if site not in arrays:
-            return None
-        return [torch.as_tensor(layer[None], dtype=torch.float32) for layer in arrays[site]]
-
-    depth = min(a.shape[0] for a in arrays.values())
-    view = bertviz.head_view(encoder_attention=layers("enc-self"),
-                             decoder_attention=layers("dec-self"),
-                             cross_attention=layers("dec-enc"),
-                             encoder_tokens=list(src_tokens), decoder_tokens=list(tgt_tokens),
-                             include_layers=list(range(depth)), html_action="return")
-    body = getattr(view, "data", view)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text('<!DOCTYPE html>\n<html><head><meta charset="utf-8"></head><body>\n'
-                    f"{body}\n</body></html>\n", encoding="utf-8")
-    return path
-
-
-_PAGE = """<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<title>@TITLE@</title>
-<style>
-body { font-family: system-ui, -apple-system, "Segoe UI", Helvetica, Arial, sans-serif;
-       margin: 1.5em; color: #222; }
-h1 { font-size: 1.3em; margin: 0 0 0.6em; }
-#controls { display: flex; flex-wrap: wrap; gap: 0.8em; align-items: center; user-select: none; }
-#heads { display: inline-flex; flex-wrap: wrap; gap: 3px; }
-.head { min-width: 26px; height: 22px; border: 2px solid transparent; border-radius: 4px;
-        color: #fff; font-weight: bold; font-size: 11px; cursor: pointer; padding: 0 4px; }
-.head.off { opacity: 0.2; }
-.hint, #status { color: #666; font-size: 0.85em; margin: 0.5em 0; min-height: 1.2em; }
-#view { display: flex; align-items: flex-start; margin-top: 0.8em; }
-.col { display: flex; flex-direction: column; }
-#queries { align-items: flex-end; }
-#keys { align-items: flex-start; }
-.col-title { font-size: 0.8em; color: #888; height: 20px; }
-.tok { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 13px; white-space: pre;
-       padding: 0 6px; border-radius: 3px; cursor: default; min-width: 1em; }
-.tok.focus { background: #ffe08a; outline: 1px solid #d9a400; }
-canvas { margin-top: 20px; }
-.sentence { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 12px;
-            color: #444; white-space: pre-wrap; }
-</style>
-</head>
-<body>
-<h1>@TITLE@</h1>
-<div class="sentence" id="sentences"></div>
-<div id="controls">
-  <label>Attention <select id="site"></select></label>
-  <label>Layer <select id="layer"></select></label>
-  <span>Heads <span id="heads"></span></span>
-  <button type="button" id="all">all heads</button>
-  <button type="button" id="none">no heads</button>
-</div>
-<p class="hint">Line opacity is the attention weight, one colour per head. Click a head to show or
-hide it, double-click to show it alone; hover a token to keep only its lines.</p>
-<div id="view">
-  <div class="col" id="queries"></div>
-  <canvas id="lines"></canvas>
-  <div class="col" id="keys"></div>
-</div>
-<p id="status"></p>
-<script type="application/json" id="@DATA_ID@">@DATA@</script>
-<script>
-(function () {
-  "use strict";
-  var data = JSON.parse(document.getElementById("@DATA_ID@").textContent);
-  var ROW = 22, GAP = 280, MIN_WEIGHT = 0.005;
-  var PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
-                 "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
-  var siteSel = document.getElementById("site"), layerSel = document.getElementById("layer");
-  var headBox = document.getElementById("heads"), status = document.getElementById("status");
-  var left = document.getElementById("queries"), right = document.getElementById("keys");
-  var canvas = document.getElementById("lines"), ctx = canvas.getContext("2d");
-  var state = {site: 0, layer: 0, heads: [], focus: null};
-  var leftEls = [], rightEls = [];
-
-  function colour(h, n) {
-    return n <= PALETTE.length ? PALETTE[h] : "hsl(" + Math.round(360 * h / n) + ", 70%, 45%)";
-  }
-  function option(sel, value, text) {
-    var o = document.createElement("option");
-    o.value = String(value);
-    o.textContent = text;
-    sel.appendChild(o);
-  }
-  function column(el, title, list, side) {
-    el.textContent = "";
-    var head = document.createElement("div");
-    head.className = "col-title";
-    head.textContent = title;
-    el.appendChild(head);
-    return list.map(function (t, i) {
-      var d = document.createElement("div");
-      d.className = "tok";
-      d.textContent = t === "" ? "\\u2205" : t;
-      d.title = side + " " + (i + 1) + ": " + t;
-      d.style.height = ROW + "px";
-      d.style.lineHeight = ROW + "px";
-      d.addEventListener("mouseenter", function () {
-        state.focus = {side: side, index: i};
-        draw();
-      });
-      d.addEventListener("mouseleave", function () { state.focus = null; draw(); });
-      el.appendChild(d);
-      return d;
-    });
-  }
-  function headButton(h, n) {
-    var b = document.createElement("button");
-    b.type = "button";
-    b.className = "head";
-    b.textContent = String(h);
-    b.style.background = colour(h, n);
-    b.title = "head " + h + ": click to show or hide, double-click to show it alone";
-    b.addEventListener("click", function () { state.heads[h] = !state.heads[h]; draw(); });
-    b.addEventListener("dblclick", function () {
-      state.heads = state.heads.map(function (_, k) { return k === h; });
-      draw();
-    });
-    return b;
-  }
-  function buildSite() {
-    var s = data.sites[state.site], l, h;
-    layerSel.textContent = "";
-    for (l = 0; l < s.weights.length; l++) option(layerSel, l, String(l));
-    state.layer = Math.min(state.layer, s.weights.length - 1);
-    layerSel.value = String(state.layer);
-    var n = s.weights[0].length;
-    state.heads = [];
-    headBox.textContent = "";
-    for (h = 0; h < n; h++) {
-      state.heads.push(true);
-      headBox.appendChild(headButton(h, n));
-    }
-    state.focus = null;
-    leftEls = column(left, "query", s.queries, "query");
-    rightEls = column(right, "key", s.keys, "key");
-    var rows = Math.max(s.queries.length, s.keys.length), ratio = window.devicePixelRatio || 1;
-    canvas.width = Math.round(GAP * ratio);
-    canvas.height = Math.round(rows * ROW * ratio);
-    canvas.style.width = GAP + "px";
-    canvas.style.height = rows * ROW + "px";
-    ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
-    draw();
-  }
-  function draw() {
-    var s = data.sites[state.site], w = s.weights[state.layer], n = w.length;
-    var f = state.focus, h, i, j, shown = [];
-    for (h = 0; h < n; h++) {
-      headBox.children[h].classList.toggle("off", !state.heads[h]);
-      if (state.heads[h]) shown.push(h);
-    }
-    ctx.save();
-    ctx.setTransform(1, 0, 0, 1, 0, 0);
-    ctx.clearRect(0, 0, canvas.width, canvas.height);
-    ctx.restore();
-    ctx.lineWidth = f ? 2.5 : 1.5;
-    shown.forEach(function (h) {
-      ctx.strokeStyle = colour(h, n);
-      for (i = 0; i < w[h].length; i++) {
-        if (f && f.side === "query" && f.index !== i) continue;
-        for (j = 0; j < w[h][i].length; j++) {
-          if (f && f.side === "key" && f.index !== j) continue;
-          var a = w[h][i][j];
-          if (!(a >= MIN_WEIGHT)) continue;
-          ctx.globalAlpha = Math.min(1, a);
-          ctx.beginPath();
-          ctx.moveTo(0, (i + 0.5) * ROW);
-          ctx.lineTo(GAP, (j + 0.5) * ROW);
-          ctx.stroke();
-        }
-      }
-    });
-    ctx.globalAlpha = 1;
-    leftEls.forEach(function (el, k) {
-      el.classList.toggle("focus", !!f && f.side === "query" && f.index === k);
-    });
-    rightEls.forEach(function (el, k) {
-      el.classList.toggle("focus", !!f && f.side === "key" && f.index === k);
-    });
-    var where = s.name + ", layer " + state.layer + ": " + shown.length + " of " + n +
-        " heads shown";
-    if (f && f.side === "query" && shown.length) {
-      var best = 0, bestWeight = -1;
-      for (j = 0; j < s.keys.length; j++) {
-        var mean = 0;
-        shown.forEach(function (h) { mean += w[h][f.index][j] / shown.length; });
-        if (mean > bestWeight) { best = j; bestWeight = mean; }
-      }
-      where += "; query \\u201c" + s.queries[f.index] + "\\u201d attends most to key \\u201c" +
-          s.keys[best] + "\\u201d (" + bestWeight.toFixed(3) + ", mean over shown heads)";
-    }
-    status.textContent = where;
-  }
-
-  data.sites.forEach(function (s, k) { option(siteSel, k, s.label); });
-  document.getElementById("sentences").textContent =
-      "source: " + data.src_tokens.join(" ") + "\\ntarget: " + data.tgt_tokens.join(" ");
-  siteSel.addEventListener("change", function () { state.site = +siteSel.value; buildSite(); });
-  layerSel.addEventListener("change", function () { state.layer = +layerSel.value; draw(); });
-  document.getElementById("all").addEventListener("click", function () {
-    state.heads = state.heads.map(function () { return true; });
-    draw();
-  });
-  document.getElementById("none").addEventListener("click", function () {
-    state.heads = state.heads.map(function () { return false; });
-    draw();
-  });
-  buildSite();
-})();
-</script>
-</body>
-</html>
-"""
+# the head view moved to heads_lab.head_view; kept here for callers
+from heads_lab.head_view import bertviz_head_view, head_view_html  # noqa: E402, F401

@@ -28,40 +28,36 @@ from pathlib import Path
 from typing import Any
 
 from heads_lab.errors import ConfigError
+from heads_lab.runs import Command
+from heads_lab.sites import KEPT_COLUMNS, SITES
+from heads_lab.tables import show, to_rich, write_csv, write_markdown
 
 log = logging.getLogger(__name__)
-USAGE = ("heads-lab prune <run dir> method=importance|gates [-m] [prune.KEY=VALUE ...] "
-         "[eval.KEY=VALUE ...]")
-ALLOWED = ("prune.", "eval.", "data.root=", "trainer.device=", "trainer.threads=",
-           "trainer.max_tokens=", "trainer.precision=", "paths.")
-SHORT = {"enc-self": "e", "dec-self": "d", "dec-enc": "d-e"}
+COMMAND = Command("prune", "pruning", ("prune.", "eval.", "trainer.precision="), __doc__,
+                  shorthands=("method=",), sweeps=True)
 
 
 def main(args: list[str]) -> int:
-    if not args or args[0] in ("-h", "--help"):
-        print(f"usage: {USAGE}\n\n{__doc__}")
-        return 0 if args else 2
-    from heads_lab.config import expand_sweeps
-
-    run_dir = Path(args[0])
-    rest = [o for o in args[1:] if o not in ("-m", "--multirun")]
-    rest = [f"prune.{o}" if o.startswith("method=") else o for o in rest]
-    jobs = expand_sweeps(rest) if any(o in ("-m", "--multirun") for o in args) else [rest]
-    if len(jobs) > 1 and not any(o in ("-m", "--multirun") for o in args):
-        raise ConfigError("comma-separated values sweep: add -m")
+    parsed = COMMAND.parse(args)
+    if isinstance(parsed, int):
+        return parsed
+    run_dir, jobs = parsed
     rows = [prune_run(run_dir, job) for job in jobs]
     gated = [r for r in rows if r.get("method") == "gates"]
     if len(gated) > 1:
-        _print(gate_table(gated))
+        show(gate_table(gated), width=160)
     return 0
 
 
 def prune_run(run_dir: Path, overrides: list[str]) -> dict[str, Any]:
-    from heads_lab.eval_run import _safe, load_trained
+    from heads_lab import runs
+    from heads_lab.files import write_json
+    from heads_lab.heads import gates_of
     from heads_lab.tracking import console
 
-    run, config, model, corpus, device, ckpt = load_trained(run_dir, overrides, ALLOWED, USAGE)
-    if model.gates is not None:
+    t = runs.load(run_dir, overrides)
+    run, model, corpus, device = t.run, t.model, t.corpus, t.device
+    if gates_of(model) is not None:
         raise ConfigError(f"{run_dir} was trained with head gates (prune.l0_lambda="
                           f"{run.prune.l0_lambda}); its test-time gates already prune it: "
                           "evaluate it with heads-lab eval")
@@ -69,18 +65,15 @@ def prune_run(run_dir: Path, overrides: list[str]) -> dict[str, Any]:
     if p.method == "gates" and p.l0_lambda == 0:
         log.warning("method=gates with prune.l0_lambda=0: gates fine-tuned without the L0 "
                     "penalty (the control run for a λ sweep)")
-    first = ("prune.method=", "prune.l0_lambda=")  # what tells prune dirs apart comes first
-    label = ",".join(sorted(overrides, key=lambda o: not o.startswith(first))) or "defaults"
-    out = run_dir / "prune" / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_{_safe(label)}"
-    out.mkdir(parents=True, exist_ok=False)
+    # what tells prune dirs apart comes first
+    out = runs.output_dir(run_dir, "prune", overrides, first=("prune.method=", "prune.l0_lambda="))
     eval_split = _head(corpus.splits[p.eval_split], p.eval_sentences)
     if p.method == "importance":
         result = importance_curves(run, model, corpus, eval_split, device, out)
     else:
-        result = gates_from_trained(run, config, model, corpus, eval_split, device, out)
-    result.update({"run_dir": str(run_dir), "checkpoint": ckpt.name, "overrides": overrides})
-    from heads_lab.tracking import write_json
-
+        result = gates_from_trained(run, t.config, model, corpus, eval_split, device, out)
+    result.update({"run_dir": str(run_dir), "checkpoint": t.checkpoints[0],
+                   "overrides": overrides})
     write_json(out / "prune.json", result)
     console.print(f"prune: {out / 'prune.json'}")
     return result
@@ -110,8 +103,8 @@ def evaluate(model, split, corpus, run, device) -> dict[str, float]:
     `model` on `split`. The forward speed is the fair one to compare across pruned models: every
     model reads the same reference tokens, while decoding time also follows how long each
     model's translations are."""
+    from heads_lab.device import autocast
     from heads_lab.evaluate import perplexity, score, translate
-    from heads_lab.train import autocast
 
     model.eval()
     with autocast(device, run.trainer.precision):
@@ -142,7 +135,7 @@ def _point(base, masked, split, corpus, run, device) -> dict[str, Any]:
 
 def importance_curves(run, model, corpus, eval_split, device, out: Path) -> dict[str, Any]:
     from heads_lab.analysis import head_importance
-    from heads_lab.heads import attention_modules, count_heads, gated_heads
+    from heads_lab.heads import attention_modules, count_heads
     from heads_lab.tracking import console
 
     p = run.prune
@@ -163,7 +156,7 @@ def importance_curves(run, model, corpus, eval_split, device, out: Path) -> dict
             candidates = sorted(
                 (float(score[h]), site, layer, h)
                 for (site, layer), score in importance.items()
-                for h in range(gated_heads(attention_modules(model)[(site, layer)]))
+                for h in range(attention_modules(model)[(site, layer)].out_heads)
                 if h not in masked.get((site, layer), []))
             for _, site, layer, h in candidates[:per_step]:
                 masked.setdefault((site, layer), []).append(h)
@@ -176,19 +169,19 @@ def importance_curves(run, model, corpus, eval_split, device, out: Path) -> dict
     table = curve_table(curves)
     _write_tables(out, table)
     png = plot_curves(curves, out / "prune_importance.png", p.eval_split)
-    _print(_rich(table, "importance pruning (Michel et al. 2019): heads removed for real"))
+    show(to_rich(table, "importance pruning (Michel et al. 2019): heads removed for real"))
     return {"method": "importance", "eval_split": p.eval_split,
             "eval_sentences": len(eval_split), "step": p.step, "curves": curves,
             "files": ["prune.md", "prune.csv", png.name]}
 
 
 def curve_table(curves: dict[str, list[dict]]) -> dict[str, Any]:
-    header = ["pruned in", "fraction", "kept e", "kept d", "kept d-e", "params", "BLEU", "chrF",
+    header = ["pruned in", "fraction", *KEPT_COLUMNS, "params", "BLEU", "chrF",
               "PPL", "fwd tok/s", "decode s"]
     rows = []
     for name, points in curves.items():
         for r in points:
-            rows.append([name, f"{r['fraction']:.2f}", *(str(r["kept"][s]) for s in SHORT),
+            rows.append([name, f"{r['fraction']:.2f}", *(str(r["kept"][s]) for s in SITES),
                          f"{r['params']:,}", f"{r['bleu']:.2f}", f"{r['chrf']:.2f}",
                          f"{r['ppl']:.2f}", f"{r['forward_tok_s']:,.0f}", f"{r['decode_s']:.2f}"])
     return {"header": header, "rows": rows}
@@ -200,22 +193,23 @@ def gate_table(results: list[dict]):
     rules = " / ".join(sorted({r.get("gate_eval", "binary") for r in results}))
     table = Table(title=f"Hard Concrete gates (Voita et al. 2019): heads kept ({rules} rule) vs "
                         "BLEU", title_justify="left")
-    for col in ("λ", "from", "kept e", "kept d", "kept d-e", "BLEU", "BLEU unpruned", "PPL"):
+    for col in ("λ", "from", *KEPT_COLUMNS, "BLEU", "BLEU unpruned", "PPL"):
         table.add_column(col, justify="right")
     for r in results:
-        table.add_row(f"{r['l0_lambda']:g}", "trained", *(str(r["kept"][s]) for s in SHORT),
+        table.add_row(f"{r['l0_lambda']:g}", "trained", *(str(r["kept"][s]) for s in SITES),
                       f"{r['bleu']:.2f}", f"{r['bleu_before']:.2f}", f"{r['ppl']:.2f}")
     return table
 
 
 def gates_from_trained(run, config, model, corpus, eval_split, device, out: Path) -> dict:
+    from heads_lab.files import write_json, write_lines
     from heads_lab.heads import count_heads, fold_gates, format_heads, install_gates, remove_heads
-    from heads_lab.tracking import console, write_json
+    from heads_lab.tracking import console
     from heads_lab.train import inverse_sqrt, train
 
     p, t = run.prune, run.trainer
     before = evaluate(model, eval_split, corpus, run, device)
-    install_gates(model, p)
+    gates = install_gates(model, p)
     final_lr = t.lr * inverse_sqrt(t.warmup_steps)(max(t.max_steps or 1, 1))
     tcfg = dataclasses.replace(t, max_steps=p.steps, max_epochs=None, lr=p.lr or final_lr,
                                warmup_steps=max(1, p.steps // 10), save_checkpoint=False,
@@ -227,7 +221,8 @@ def gates_from_trained(run, config, model, corpus, eval_split, device, out: Path
                           f"{metrics['train/l0']:.2f}, heads open {metrics['train/heads_open']:.0f}")
 
     started = time.perf_counter()
-    train(model, corpus.splits["train"], corpus.splits["valid"], tcfg, run.seed, device, on_log)
+    train(model, corpus.splits["train"], corpus.splits["valid"], tcfg, run.seed, device, on_log,
+          extra=gates)
     train_s = time.perf_counter() - started
     closed = fold_gates(model)  # kept heads × their test-time gate (p.gate_eval), gates off
     total = count_heads(model)
@@ -244,9 +239,8 @@ def gates_from_trained(run, config, model, corpus, eval_split, device, out: Path
               "forward_tok_s": after["forward_tok_s"],
               "forward_tok_s_before": before["forward_tok_s"]}
     split = p.eval_split
-    (out / f"hyps.{split}.txt").write_text("\n".join(after["hyps"]) + "\n", encoding="utf-8")
-    (out / f"refs.{split}.txt").write_text("\n".join(eval_split.tgt_text) + "\n",
-                                           encoding="utf-8")
+    write_lines(out / f"hyps.{split}.txt", after["hyps"])
+    write_lines(out / f"refs.{split}.txt", eval_split.tgt_text)
     write_json(out / "results.json", {  # read by heads-lab report
         "status": "complete", "name": f"gates λ={p.l0_lambda:g}", "config": config,
         "metrics": {f"{split}/bleu": after["bleu"], f"{split}/chrf": after["chrf"],
@@ -254,47 +248,25 @@ def gates_from_trained(run, config, model, corpus, eval_split, device, out: Path
                     **{f"heads_kept/{s}": n for s, n in kept.items()}},
         "decoding": {"split": split, "beam": run.eval.beam, "sentences": len(eval_split)},
         "prune": result})
-    table = {"header": ["λ", "kept e", "kept d", "kept d-e", "params", "BLEU", "BLEU before",
+    table = {"header": ["λ", *KEPT_COLUMNS, "params", "BLEU", "BLEU before",
                         "PPL", "PPL before", "fwd tok/s", "fwd tok/s before", "decode s",
                         "decode s before"],
-             "rows": [[f"{p.l0_lambda:g}", *(f"{kept[s]}/{total[s]}" for s in SHORT),
+             "rows": [[f"{p.l0_lambda:g}", *(f"{kept[s]}/{total[s]}" for s in SITES),
                        f"{result['params']:,}", f"{after['bleu']:.2f}", f"{before['bleu']:.2f}",
                        f"{after['ppl']:.2f}", f"{before['ppl']:.2f}",
                        f"{after['forward_tok_s']:,.0f}", f"{before['forward_tok_s']:,.0f}",
                        f"{after['decode_s']:.2f}", f"{before['decode_s']:.2f}"]]}
     _write_tables(out, table)
-    _print(_rich(table, f"Hard Concrete gates from the trained model ({p.gate_eval} rule): the "
+    show(to_rich(table, f"Hard Concrete gates from the trained model ({p.gate_eval} rule): the "
                         "closed heads removed for real"))
     result["files"] = ["prune.md", "prune.csv", "results.json", f"hyps.{split}.txt"]
     return result
 
 
 def _write_tables(out: Path, table: dict[str, Any]) -> None:
-    from heads_lab.report import write_csv, write_markdown
-
     write_markdown(out / "prune.md", {**table, "note": "heads removed for real; kept e/d/d-e: "
-                                      "encoder self, decoder self, decoder-encoder"}, [])
+                                      "encoder self, decoder self, decoder-encoder"})
     write_csv(out / "prune.csv", table)
-
-
-def _print(table) -> None:
-    """A rich table in full: piped or captured output gets room for every column."""
-    from rich.console import Console
-
-    from heads_lab.tracking import console
-
-    (console if console.is_terminal else Console(width=160)).print(table)
-
-
-def _rich(table: dict[str, Any], title: str):
-    from rich.table import Table
-
-    t = Table(title=title, title_justify="left")
-    for i, col in enumerate(table["header"]):
-        t.add_column(col, justify="left" if i == 0 else "right")
-    for row in table["rows"]:
-        t.add_row(*row)
-    return t
 
 
 def plot_curves(curves: dict[str, list[dict]], path: Path, split: str) -> Path:

@@ -14,7 +14,6 @@ numbers are printed beside ours, labelled as the paper's.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import statistics
@@ -22,7 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from heads_lab.config import BOOKKEEPING, is_among
 from heads_lab.errors import DataError
+from heads_lab.sites import KEPT_COLUMNS, SITES
+from heads_lab.tables import to_rich, wide_console, write_csv, write_markdown
+from heads_lab.variants import shape_keys
 
 USAGE = "heads-lab report <dir> [<dir> ...] [--out DIR] [--samples N] [--wandb [--wandb-mode M]]"
 # Vaswani et al. 2017, Table 3 row (A): WMT14 en-de newstest2013, dev PPL (per wordpiece) / BLEU.
@@ -31,12 +34,7 @@ PAPER = {"table_a": {"key": "model.heads", "label": "Vaswani et al. 2017 Table 3
                                                     8: (4.92, 25.8), 16: (4.91, 25.8),
                                                     32: (5.01, 25.4)}}}
 # Settings that never define a row: where things go, how they are logged, the seed.
-IGNORED = ("seed", "name", "tags", "paths.", "analysis.", "logger.", "report.", "trainer.device",
-           "trainer.threads",
-           "trainer.valid_every", "trainer.log_every", "trainer.save_every", "trainer.keep_last",
-           "trainer.resume", "trainer.save_checkpoint", "data.root", "cost.")
-SHAPE = (("h", "model.heads"), ("h_K", "model.heads_k"), ("h_V", "model.heads_v"),
-         ("kv", "model.kv_heads"), ("d_k", "model.head_dim"), ("enc+dec", None))
+SHAPE = (*shape_keys(), ("d_k", "model.head_dim"), ("enc+dec", None))  # every variant's keys
 
 
 @dataclass
@@ -75,13 +73,8 @@ def main(args: list[str]) -> int:
     out = Path(opts.out or opts.dirs[0])
     out.mkdir(parents=True, exist_ok=True)
     table = render(rows, base, varying, split, paper_of(runs))
-    from rich.console import Console
-
-    from heads_lab.tracking import console
-
-    if not console.is_terminal:  # piped or captured: room for the whole table
-        console = Console(width=220)
-    console.print(rich_table(table))
+    console = wide_console()
+    console.print(to_rich(table, "heads-lab report"))
     for where, status in problems:
         console.print(f"[yellow]not in the table[/]: {where} ({status})")
     write_markdown(out / "report.md", table, problems)
@@ -162,7 +155,7 @@ def group(runs: list[Run]) -> tuple[list[Row], list[str]]:
     from heads_lab.tracking import short_key
 
     keys = sorted({k for r in runs for k in r.config})
-    varying = [k for k in keys if not k.startswith(IGNORED)
+    varying = [k for k in keys if not is_among(k, (*BOOKKEEPING, "seed"))
                and len({json.dumps(r.config.get(k), sort_keys=True) for r in runs}) > 1]
     rows: dict[tuple, Row] = {}
     for run in runs:
@@ -240,7 +233,7 @@ def render(rows: list[Row], base: Row, varying: list[str], split: str,
               f"{split} BLEU", f"{split} chrF", "p vs base", "tok/s", "peak MB"]
     gated = any(k.startswith("heads_kept/") for row in rows for r in row.runs for k in r.metrics)
     if gated:  # Hard Concrete gates (prune.l0_lambda): heads kept per attention type
-        header += ["kept e", "kept d", "kept d-e"]
+        header += list(KEPT_COLUMNS)
     if paper:
         header += ["paper PPL", "paper BLEU"]
     body = []
@@ -265,7 +258,7 @@ def render(rows: list[Row], base: Row, varying: list[str], split: str,
                  _stat([x.get("cost/peak_mem_mb") for x in m], 0)]
         if gated:
             cells += [_stat([x.get(f"heads_kept/{site}") for x in m], 1)
-                      for site in ("enc-self", "dec-self", "dec-enc")]
+                      for site in SITES]
         if paper:
             published = paper["rows"].get(c.get(paper["key"]))
             cells += [f"{published[0]:.2f}", f"{published[1]:.1f}"] if published else ["", ""]
@@ -280,36 +273,6 @@ def render(rows: list[Row], base: Row, varying: list[str], split: str,
     if paper:
         note += f"; paper columns: {paper['label']} (theirs, not ours)"
     return {"header": header, "rows": body, "note": note, "varying": varying}
-
-
-def rich_table(table: dict[str, Any]):
-    from rich.table import Table
-
-    out = Table(title="heads-lab report", caption=table["note"], title_justify="left")
-    for i, col in enumerate(table["header"]):
-        out.add_column(col, justify="left" if i == 0 else "right", no_wrap=i == 0)
-    for row in table["rows"]:
-        out.add_row(*row)
-    return out
-
-
-def write_markdown(path: Path, table: dict[str, Any], problems: list[tuple[str, str]]) -> None:
-    lines = ["| " + " | ".join(table["header"]) + " |",
-             "|" + "|".join(["---"] + ["---:"] * (len(table["header"]) - 1)) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in table["rows"]]
-    lines += ["", f"*{table['note']}*", ""]
-    if problems:
-        lines += ["Not in the table:", ""] + [f"- `{d}`: {s}" for d, s in problems] + [""]
-    _write(path, "\n".join(lines))
-
-
-def write_csv(path: Path, table: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".csv.tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(table["header"])
-        writer.writerows(table["rows"])
-    tmp.replace(path)
 
 
 def plot(rows: list[Row], varying: list[str], split: str, out: Path) -> list[Path]:
@@ -369,7 +332,3 @@ def plot(rows: list[Row], varying: list[str], split: str, out: Path) -> list[Pat
     return [first, second]
 
 
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)

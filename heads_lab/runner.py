@@ -22,18 +22,15 @@ from heads_lab.config import LoggerConfig, RunConfig, cache_dir
 from heads_lab.cost import Lengths, PeakMemory, account
 from heads_lab.data import collate, epoch_batches, prepare, testsets
 from heads_lab.data.cleaning import describe
+from heads_lab.device import autocast, check_precision, resolve_device
 from heads_lab.errors import ConfigError, DataError, finished_run
 from heads_lab.evaluate import perplexity, score, translate
-from heads_lab.heads import (
-    attention_modules,
-    gates_kept,
-    install_gates,
-    mask_heads,
-    parse_head_mask,
-)
+from heads_lab.files import write_json, write_lines
+from heads_lab.heads import gates_kept, gates_of, head_counts, install_gates, masked, parse_head_mask
 from heads_lab.model import Transformer, admin_init, count_parameters
-from heads_lab.tracking import Tracker, console, environment, short_name, summary_table, write_json
-from heads_lab.train import autocast, check_precision, resolve_device, seed_everything, train
+from heads_lab.tracking import Tracker, console, environment, short_name, summary_table
+from heads_lab.train import seed_everything, train
+from heads_lab.variants import variant
 
 log = logging.getLogger(__name__)
 DEFAULT_THREADS = torch.get_num_threads()  # at start-up: all cores unless OMP_NUM_THREADS says
@@ -62,34 +59,10 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
     peak = PeakMemory(device)
     run_name = name or short_name(overrides)
 
-    corpus = prepare(run.data, cache_dir(run.paths))
-    if main_rank:
-        shutil.copyfile(corpus.tokenizer.path, run_dir / "tokenizer.model")
+    corpus = _data(run, run_dir, main_rank)
     data_s = time.perf_counter() - started
     train_split = corpus.splits["train"]
-    for name, split in corpus.splits.items():  # positions: BOS/EOS + tokens
-        longest = int(max(split.src_lens.max(), split.tgt_lens.max()))
-        if longest + 1 > run.model.max_positions:
-            raise DataError(f"the {name} split has a sentence of {longest - 1} subword tokens, "
-                            f"more than model.max_positions={run.model.max_positions} allows; "
-                            "raise model.max_positions")
-    for split in ("train", "valid", "test"):
-        log.info("data %s %s", run.data.name, describe(split, corpus.stats[split]))
-
-    model = Transformer(run.model, len(corpus.tokenizer), corpus.tokenizer.pad).to(device)
-    if run.model.init == "admin":  # profile on the first training batch (a resumed run's
-        first = epoch_batches(train_split, run.trainer.max_tokens, run.seed, 0)[0]  # ω is then
-        batch = collate(train_split, first).to(device)  # replaced by its checkpoint's)
-        omegas = admin_init(model, batch.src, batch.tgt_in)
-        log.info("Admin: ω from %.2f to %.2f over %d residual branches", min(omegas),
-                 max(omegas), len(omegas))
-    if run.prune.l0_lambda > 0:  # Hard Concrete head gates trained from scratch (Voita et al.)
-        if ranks is not None:
-            raise ConfigError("prune.l0_lambda (head gates) trains in one process; drop torchrun")
-        install_gates(model, run.prune)
-        log.info("Hard Concrete gates on %s heads (λ = %g, start σ(log α) = %g, heads kept by "
-                 "the %s rule)", sum(len(g) for g in model.gates.test_gates().values()),
-                 run.prune.l0_lambda, run.prune.init_keep, run.prune.gate_eval)
+    model = _model(run, corpus, device, ranks)
     params = count_parameters(model)
     lengths = Lengths(float(train_split.src_lens.mean()), float(train_split.tgt_lens.mean()))
     costs = account(run.model, len(corpus.tokenizer), lengths)
@@ -107,7 +80,7 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
         with stop_signals() as stop:
             result = train(model, train_split, corpus.splits["valid"], run.trainer, run.seed,
                            device, tracker.log, checkpoints=checkpoints, stop_requested=stop,
-                           parallel=ranks)
+                           parallel=ranks, extra=gates_of(model))
         tracker.stop_progress()
         if result.resumed_from is not None:
             log.info("resumed from step %d; trained to step %d", result.resumed_from, result.steps)
@@ -121,53 +94,19 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
         split, ppl, scores = evaluate_on_split(run, model, corpus, device, run_dir, "")
         eval_s = time.perf_counter() - eval_started
 
-        metrics = {
-            "train/loss": result.train_loss,
-            "train/tokens_per_s": result.tokens_per_s,
-            "valid/loss": result.valid["loss"],
-            "valid/ppl": result.valid["ppl"],
-            f"{split_name}/loss": ppl["loss"],
-            f"{split_name}/ppl": ppl["ppl"],
-            f"{split_name}/bleu": scores["bleu"],
-            f"{split_name}/chrf": scores["chrf"],
-            "cost/params": params["total"],
-            "cost/params_attention": params["attention"],
-            "cost/params_talking_heads": params["talking_heads"],
-            "cost/flops_per_token": costs["flops_per_token"]["train"],
-            "cost/decode_flops_per_token": costs["flops_per_token"]["decode"],
-            "cost/attention_act_kb": sum(costs["attention_activation_bytes"].values()) / 1024,
-            "cost/train_gflops_per_s": costs["flops_per_token"]["train"]
-            * result.tokens_per_s / 1e9,
-            "cost/peak_mem_mb": peak.mb(),
-        }
-        if model.gates is not None:  # heads the test-time gates keep, per attention type
-            metrics.update({f"heads_kept/{site}": n for site, n in gates_kept(model).items()})
+        metrics = _metrics(split_name, result, ppl, scores, params, costs, peak.mb(), model)
         results = {
-            "status": "complete",
-            "name": run_name,
-            "overrides": overrides,
-            "run_dir": str(run_dir),
-            "metrics": metrics,
-            "params": params,
-            "cost": costs,
-            "sacrebleu": {k: scores[k] for k in ("bleu_signature", "chrf_signature", "bleu_detail",
-                                                 "hyp_len_ratio")},
-            "decoding": {"split": split_name, "beam": run.eval.beam, "lenpen": run.eval.lenpen,
-                         "sentences": len(split),
-                         "test_set": (f"sacrebleu:{run.eval.sacrebleu_test}"
-                                      if run.eval.sacrebleu_test else run.data.name)},
+            "status": "complete", "name": run_name, "overrides": overrides,
+            "run_dir": str(run_dir), "metrics": metrics, "params": params, "cost": costs,
+            **_evaluation(run, split, scores),
             "train": {"steps": result.steps, "epochs": result.epochs, "tokens": result.tokens,
                       "seconds": result.train_seconds, "valid_history": result.history,
                       "skipped_steps": result.skipped_steps, "resumed_from": result.resumed_from,
                       "data_parallel": ranks.world if ranks else 1},
             "timings": {"data_s": data_s, "train_s": result.train_seconds, "eval_s": eval_s,
                         "total_s": time.perf_counter() - started},
-            "data": corpus.stats,
-            "device": str(device),
-            "threads": torch.get_num_threads(),
-            "config": config,
-            "env": environment(),
-            "wandb": tracker.wandb_info(),
+            "data": corpus.stats, "device": str(device), "threads": torch.get_num_threads(),
+            "config": config, "env": environment(), "wandb": tracker.wandb_info(),
         }
         write_json(run_dir / "results.json", results)
         tracker.finish(summary=metrics)
@@ -176,11 +115,91 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
     except BaseException:
         tracker.finish(failed=True)
         raise
+    _print_summary(results, overrides, run_dir)
+    return results
+
+
+def _print_summary(results: dict[str, Any], overrides: list[str], run_dir: Path) -> None:
     console.print(summary_table("heads-lab train", _summary_rows(results)))
     console.print(f"overrides: {' '.join(overrides) or 'none'}")
-    console.print(f"BLEU signature: {scores['bleu_signature']}")
+    console.print(f"BLEU signature: {results['sacrebleu']['bleu_signature']}")
     console.print(f"results: {run_dir / 'results.json'}")
-    return results
+
+
+def _metrics(split_name: str, result, ppl, scores, params, costs, peak_mb: float,
+             model) -> dict[str, float]:
+    """results.json's metrics (the keys DESIGN.md fixes) of a trained and evaluated run."""
+    metrics = {
+        "train/loss": result.train_loss,
+        "train/tokens_per_s": result.tokens_per_s,
+        "valid/loss": result.valid["loss"],
+        "valid/ppl": result.valid["ppl"],
+        f"{split_name}/loss": ppl["loss"],
+        f"{split_name}/ppl": ppl["ppl"],
+        f"{split_name}/bleu": scores["bleu"],
+        f"{split_name}/chrf": scores["chrf"],
+        "cost/params": params["total"],
+        "cost/params_attention": params["attention"],
+        "cost/params_talking_heads": params["talking_heads"],
+        "cost/flops_per_token": costs["flops_per_token"]["train"],
+        "cost/decode_flops_per_token": costs["flops_per_token"]["decode"],
+        "cost/attention_act_kb": sum(costs["attention_activation_bytes"].values()) / 1024,
+        "cost/train_gflops_per_s": costs["flops_per_token"]["train"] * result.tokens_per_s / 1e9,
+        "cost/peak_mem_mb": peak_mb,
+    }
+    if gates_of(model) is not None:  # heads the test-time gates keep, per attention type
+        metrics.update({f"heads_kept/{site}": n for site, n in gates_kept(model).items()})
+    return metrics
+
+
+def _evaluation(run: RunConfig, split, scores) -> dict[str, Any]:
+    """results.json's sacrebleu signatures and what was decoded how."""
+    return {
+        "sacrebleu": {k: scores[k] for k in ("bleu_signature", "chrf_signature", "bleu_detail",
+                                             "hyp_len_ratio")},
+        "decoding": {"split": run.eval.split, "beam": run.eval.beam, "lenpen": run.eval.lenpen,
+                     "sentences": len(split),
+                     "test_set": (f"sacrebleu:{run.eval.sacrebleu_test}"
+                                  if run.eval.sacrebleu_test else run.data.name)},
+    }
+
+
+def _data(run: RunConfig, run_dir: Path, main_rank: bool):
+    """The run's corpus (its tokenizer copied into the run dir), every sentence within the
+    model's positions, its counts logged."""
+    corpus = prepare(run.data, cache_dir(run.paths))
+    if main_rank:
+        shutil.copyfile(corpus.tokenizer.path, run_dir / "tokenizer.model")
+    for name, split in corpus.splits.items():  # positions: BOS/EOS + tokens
+        longest = int(max(split.src_lens.max(), split.tgt_lens.max()))
+        if longest + 1 > run.model.max_positions:
+            raise DataError(f"the {name} split has a sentence of {longest - 1} subword tokens, "
+                            f"more than model.max_positions={run.model.max_positions} allows; "
+                            "raise model.max_positions")
+    for split in ("train", "valid", "test"):
+        log.info("data %s %s", run.data.name, describe(split, corpus.stats[split]))
+    return corpus
+
+
+def _model(run: RunConfig, corpus, device: torch.device, ranks) -> Transformer:
+    """The model on its device: Admin's ω profiled on the first training batch (a resumed
+    run's ω is then replaced by its checkpoint's), Hard Concrete gates for gates from scratch."""
+    model = Transformer(run.model, len(corpus.tokenizer), corpus.tokenizer.pad).to(device)
+    if run.model.init == "admin":
+        train_split = corpus.splits["train"]
+        first = epoch_batches(train_split, run.trainer.max_tokens, run.seed, 0)[0]
+        batch = collate(train_split, first).to(device)
+        omegas = admin_init(model, batch.src, batch.tgt_in)
+        log.info("Admin: ω from %.2f to %.2f over %d residual branches", min(omegas),
+                 max(omegas), len(omegas))
+    if run.prune.l0_lambda > 0:  # Hard Concrete head gates trained from scratch (Voita et al.)
+        if ranks is not None:
+            raise ConfigError("prune.l0_lambda (head gates) trains in one process; drop torchrun")
+        gates = install_gates(model, run.prune)
+        log.info("Hard Concrete gates on %s heads (λ = %g, start σ(log α) = %g, heads kept by "
+                 "the %s rule)", sum(len(g) for g in gates.test_gates().values()),
+                 run.prune.l0_lambda, run.prune.init_keep, run.prune.gate_eval)
+    return model
 
 
 def evaluate_on_split(run: RunConfig, model: Transformer, corpus, device: torch.device,
@@ -190,20 +209,19 @@ def evaluate_on_split(run: RunConfig, model: Transformer, corpus, device: torch.
     Returns (split, {'loss', 'ppl'}, scores)."""
     split_name = run.eval.split
     split = corpus.splits[split_name]
-    if run.eval.head_mask:  # heads zeroed for this evaluation only
-        masked = parse_head_mask(run.eval.head_mask, attention_modules(model))
-        mask_heads(model, masked)
-        log.info("evaluating with %d head(s) masked: %s", sum(map(len, masked.values())),
+    heads = parse_head_mask(run.eval.head_mask or "", head_counts(model))
+    if heads:  # heads zeroed for this evaluation only
+        log.info("evaluating with %d head(s) masked: %s", sum(map(len, heads.values())),
                  run.eval.head_mask)
     if run.eval.sacrebleu_test:
         split = testsets.load(run.eval.sacrebleu_test, run.data.src, run.data.tgt,
                               corpus.tokenizer, run.data.cleaning.normalize)
-    with autocast(device, run.trainer.precision):  # evaluate as trained
+    with autocast(device, run.trainer.precision), masked(model, heads):  # evaluate as trained
         ppl = perplexity(model, split, run.trainer.max_tokens, device)
         hyps = translate(model, split, corpus.tokenizer, run.eval, device)
-    _write_lines(out_dir / f"{prefix}hyps.{split_name}.txt", hyps)
-    _write_lines(out_dir / f"{prefix}refs.{split_name}.txt", split.tgt_text)
-    _write_lines(out_dir / f"{prefix}src.{split_name}.txt", split.src_text)
+    write_lines(out_dir / f"{prefix}hyps.{split_name}.txt", hyps)
+    write_lines(out_dir / f"{prefix}refs.{split_name}.txt", split.tgt_text)
+    write_lines(out_dir / f"{prefix}src.{split_name}.txt", split.src_text)
     return split, ppl, score(hyps, split.tgt_text, run.eval.bleu_tokenize)
 
 
@@ -247,16 +265,7 @@ def ensure_writable(path: Path, label: str) -> None:
         raise ConfigError(f"cannot write to {label} {path}: {err.strerror or err}; choose a "
                           "writable dir (or fix its permissions / free space)") from None
 def _heads_text(run: RunConfig) -> str:
-    c = run.model.head_counts("enc-self")
-    if run.model.attention.value == "talking_heads":
-        return f"talking heads h_K {c['k']}, h {c['h']}, h_V {c['v']}"
-    return f"{c['h']} heads" + (f", {c['k']} key/value heads" if c["k"] != c["h"] else "")
-
-
-def _write_lines(path: Path, lines: list[str]) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    os.replace(tmp, path)
+    return variant(run.model, "enc-self").label(run.model)
 
 
 def _summary_rows(results: dict[str, Any]) -> list[tuple[str, str]]:

@@ -4,76 +4,84 @@ ConfigStore and checks what types alone cannot."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
 from omegaconf import MISSING
 
+from heads_lab.choices import (  # noqa: F401 (re-exported: config users import them here)
+    Activation,
+    Choice,
+    EvalSplit,
+    FileFormat,
+    GateRule,
+    Init,
+    Norm,
+    NormalForm,
+    OnDecodeError,
+    Precision,
+    PruneMethod,
+    Resume,
+    SplitName,
+    Tokenizer,
+    WandbMode,
+)
+from heads_lab.sites import SITES
 
-class Norm(Enum):
-    pre = "pre"  # LN(x) inside the residual branch (stable without long warm-up)
-    post = "post"  # LN(x + f(x)), as in Vaswani et al. 2017
+
+def opt(default: Any, help: str) -> Any:
+    """A config field with its help text (fairseq's metadata["help"]; `heads-lab train --help`
+    prints it). Mutable defaults go through field(default_factory=..., metadata=...)."""
+    return field(default=default, metadata={"help": help})
 
 
-class AttentionKind(Enum):
+class AttentionKind(Enum):  # one value per entry of heads_lab.variants.VARIANTS
     mha = "mha"  # multi-head; grouped/multi-query with kv_heads
     talking_heads = "talking_heads"  # Shazeer et al. 2020: heads_k, heads, heads_v + head mixing
 
 
-ATTENTION_SITES = ("enc-self", "dec-self", "dec-enc")  # Voita's e, d, d-e
-
-
-class Activation(Enum):
-    relu = "relu"
-    gelu = "gelu"
-
-
-class WandbMode(Enum):
-    online = "online"
-    offline = "offline"
-    disabled = "disabled"
+ATTENTION_SITES = SITES  # enc-self, dec-self, dec-enc: Voita's e, d, d-e (heads_lab.sites)
 
 
 @dataclass
 class ModelConfig:
-    d_model: int = 256
-    heads: int = 8  # h: softmax heads (query heads for mha)
-    head_dim: int | None = None  # d_k = d_v; None = d_model / heads (Table 3 (A) keeps h·d_k fixed)
-    attention: AttentionKind = AttentionKind.mha
-    heads_k: int | None = None  # h_K, talking heads' query/key heads; None = heads
-    heads_v: int | None = None  # h_V, talking heads' value heads; None = heads
-    kv_heads: int | None = None  # mha key/value heads (grouped-query; 1 = multi-query); None = heads
-    talking_heads_in: list[str] = field(default_factory=lambda: list(ATTENTION_SITES))
-    d_ff: int = 1024
-    encoder_layers: int = 3
-    decoder_layers: int = 3
-    dropout: float = 0.1  # residual, embedding and FFN dropout
-    attention_dropout: float = 0.0  # on the attention weights
-    activation: Activation = Activation.relu
-    norm: Norm = Norm.pre
-    init: str = "xavier"  # xavier | admin (post-norm: x = LN(ω⊙x + f(x)), ω from a profiling pass)
-    max_positions: int = 1024
-    # Self-attention: a learned bias per head and relative offset, clipped to ±K (0 = off; the
-    # sinusoidal absolute positions stay either way)
-    relative_positions: int = 0
+    d_model: int = opt(256, "model width")
+    heads: int = opt(8, "h: softmax heads (query heads for mha)")
+    head_dim: int | None = opt(None,
+        "d_k = d_v; None = d_model / heads (Table 3 (A) keeps h·d_k fixed)")
+    attention: AttentionKind = opt(AttentionKind.mha, "mha (multi-head; grouped/multi-query with "
+                                   "kv_heads) | talking_heads (heads_lab.variants)")
+    heads_k: int | None = opt(None, "h_K, talking heads' query/key heads; None = heads")
+    heads_v: int | None = opt(None, "h_V, talking heads' value heads; None = heads")
+    kv_heads: int | None = opt(None,
+        "mha key/value heads (grouped-query; 1 = multi-query); None = heads")
+    talking_heads_in: list[str] = field(default_factory=lambda: list(ATTENTION_SITES), metadata={
+        "help": "the sites that use talking heads (the others: mha)"})
+    d_ff: int = opt(1024, "feed-forward inner width")
+    encoder_layers: int = opt(3, "encoder layers")
+    decoder_layers: int = opt(3, "decoder layers")
+    dropout: float = opt(0.1, "residual, embedding and FFN dropout")
+    attention_dropout: float = opt(0.0, "on the attention weights")
+    activation: Activation = opt(Activation.relu, "relu | gelu")
+    norm: Norm = opt(Norm.pre, "pre (LN inside the residual branch) | post (LN(x + f(x)), Vaswani et al.)")
+    init: Init = opt(Init.xavier, "xavier | admin (post-norm only: x = LN(ω⊙x + f(x)), ω from a "
+                     "profiling pass; Liu et al. 2020)")
+    max_positions: int = opt(1024, "longest sequence (sinusoidal position table)")
+    relative_positions: int = opt(0,
+        "Self-attention: a learned bias per head and relative offset, clipped to ±K (0 = off; the "
+        "sinusoidal absolute positions stay either way)")
 
     @property
     def d_head(self) -> int:
         return self.head_dim if self.head_dim is not None else self.d_model // self.heads
 
-    def is_talking(self, site: str) -> bool:
-        """Whether the attention at `site` (enc-self, dec-self, dec-enc) uses talking heads."""
-        return self.attention == AttentionKind.talking_heads and site in self.talking_heads_in
-
     def head_counts(self, site: str) -> dict[str, int]:
-        """Head counts at a site: q, k, v (projected), h (softmax) and out (into out_proj)."""
-        h = self.heads
-        if self.is_talking(site):
-            hk, hv = self.heads_k or h, self.heads_v or h
-            return {"q": hk, "k": hk, "v": hv, "h": h, "out": hv}
-        kv = self.kv_heads or h
-        return {"q": h, "k": kv, "v": kv, "h": h, "out": h}
+        """Head counts at a site: q, k, v (projected), h (softmax) and out (into out_proj), as
+        the site's attention variant declares them (heads_lab.variants)."""
+        from heads_lab.variants import variant
+
+        return asdict(variant(self, site).counts(self))
 
 
 @dataclass
@@ -83,21 +91,22 @@ class CleaningConfig:
     optional de-duplication, and after subword encoding the length (data.max_len) and ratio
     filters of fairseq's recipes (clean-corpus-n: 1-250 subwords, ratio 1.5)."""
 
-    normalize: str = "NFC"  # NFC | NFKC | NFD | NFKD | none
-    dedup: bool = False  # drop training pairs seen before (after normalisation)
-    max_ratio: float | None = 1.5  # longer / shorter side, in subwords; null = no ratio filter
-    on_decode_error: str = "error"  # error | skip: lines that are not UTF-8 (skipped are counted)
+    normalize: NormalForm = opt(NormalForm.NFC, "Unicode normal form: NFC | NFKC | NFD | NFKD | none")
+    dedup: bool = opt(False, "drop training pairs seen before (after normalisation)")
+    max_ratio: float | None = opt(1.5, "longer / shorter side, in subwords; null = no ratio filter")
+    on_decode_error: OnDecodeError = opt(OnDecodeError.error, "lines that are not UTF-8: error | "
+                                         "skip (skipped lines are counted)")
 
 
 @dataclass
 class DataConfig:
     name: str = MISSING
-    src: str = "src"  # source language code
-    tgt: str = "tgt"  # target language code
-    vocab_size: int = 8000  # joint subword vocabulary (SentencePiece)
-    tokenizer: str = "bpe"  # SentencePiece model type: bpe | unigram
-    max_len: int = 250  # subword tokens per side; longer training pairs are dropped
-    max_train_pairs: int | None = None  # keep only the first N cleaned training pairs
+    src: str = opt("src", "source language code")
+    tgt: str = opt("tgt", "target language code")
+    vocab_size: int = opt(8000, "joint subword vocabulary (SentencePiece)")
+    tokenizer: Tokenizer = opt(Tokenizer.bpe, "SentencePiece model type: bpe | unigram")
+    max_len: int = opt(250, "subword tokens per side; longer training pairs are dropped")
+    max_train_pairs: int | None = opt(None, "keep only the first N cleaned training pairs")
     cleaning: CleaningConfig = field(default_factory=CleaningConfig)
 
 
@@ -109,9 +118,10 @@ class TextFilesDataConfig(DataConfig):
 
     name: str = "local"
     root: str | None = None
-    format: str = "text"  # text | tsv
-    pattern: str = "{split}.{lang}"  # a .gz twin is tried too
-    train: str = "train"  # split names as they appear in file names
+    format: FileFormat = opt(FileFormat.text, "text (a file per split and side) | tsv (a file per "
+                             "split, source<TAB>target)")
+    pattern: str = opt("{split}.{lang}", "a .gz twin is tried too")
+    train: str = opt("train", "split names as they appear in file names")
     valid: str = "valid"
     test: str = "test"
 
@@ -126,8 +136,8 @@ class Multi30kDataConfig(TextFilesDataConfig):
     tgt: str = "en"
     train: str = "train"
     valid: str = "val"
-    test: str = "test_2016_flickr"  # or test_2017_flickr, test_2017_mscoco, test_2018_flickr
-    hub_dataset: str = "bentrevett/multi30k"  # en/de columns; train / validation / test
+    test: str = opt("test_2016_flickr", "or test_2017_flickr, test_2017_mscoco, test_2018_flickr")
+    hub_dataset: str = opt("bentrevett/multi30k", "en/de columns; train / validation / test")
 
 
 @dataclass
@@ -138,10 +148,11 @@ class HFDataConfig(DataConfig):
 
     name: str = "hf"
     dataset: str | None = None
-    config: str | None = None  # the dataset's configuration, e.g. de-en for wmt/wmt14
+    config: str | None = opt(None, "the dataset's configuration, e.g. de-en for wmt/wmt14")
     revision: str | None = None
-    column: str | None = "translation"  # null: the text is in columns named like data.src/tgt
-    files: dict[str, str] = field(default_factory=dict)  # split name → file(s), for json/parquet
+    column: str | None = opt("translation", "null: the text is in columns named like data.src/tgt")
+    files: dict[str, str] = field(default_factory=dict, metadata={"help":
+        "split name → file(s), for json/parquet"})
     train: str = "train"
     valid: str = "validation"
     test: str = "test"
@@ -162,9 +173,9 @@ class SyntheticDataConfig(DataConfig):
     verbs: int = 100
     adjectives: int = 100
     adverbs: int = 40
-    zipf: float = 1.1  # word-frequency exponent: p(rank r) ∝ r^-zipf
-    p_cognate: float = 0.5  # lemmas whose target form is a sound-shifted copy of the source
-    p_synonym: float = 0.05  # lemmas that share their target translation (many-to-one)
+    zipf: float = opt(1.1, "word-frequency exponent: p(rank r) ∝ r^-zipf")
+    p_cognate: float = opt(0.5, "lemmas whose target form is a sound-shifted copy of the source")
+    p_synonym: float = opt(0.05, "lemmas that share their target translation (many-to-one)")
     p_pronoun: float = 0.25
     p_plural: float = 0.3
     p_past: float = 0.3
@@ -172,57 +183,64 @@ class SyntheticDataConfig(DataConfig):
     p_very: float = 0.15
     p_adverb: float = 0.3
     p_subordinate: float = 0.35
-    max_depth: int = 2  # nested subordinate clauses
-    # Head-analysis studies (0 = off; then the corpus is the same as without these keys):
-    p_polysemy: float = 0.0  # verbs/adjectives with two senses, picked by a related noun's class
-    p_homograph: float = 0.0  # verbs spelt like a noun ("run"): only the context tells them apart
-    p_preverbal_adverb: float = 0.0  # adverbs between subject and verb ("he often eats")
+    max_depth: int = opt(2, "nested subordinate clauses")
+    p_polysemy: float = opt(0.0,
+        "(head-analysis studies; 0 = off, the corpus as without these keys) "
+        "verbs/adjectives with two senses, picked by a related noun's class")
+    p_homograph: float = opt(0.0,
+        "verbs spelt like a noun (\"run\"): only the context tells them apart")
+    p_preverbal_adverb: float = opt(0.0, "adverbs between subject and verb (\"he often eats\")")
 
 
 @dataclass
 class TrainerConfig:
-    max_steps: int | None = 300  # stop at max_steps or max_epochs, whichever comes first
-    max_epochs: int | None = None
-    max_tokens: int = 4096  # batch size in tokens (padded source or target, whichever is larger)
-    update_freq: int = 1  # accumulate gradients over this many batches per step
-    lr: float = 3e-3  # peak learning rate, reached after warmup_steps
-    position_bias_lr: float | None = 0.05  # model.relative_positions' biases (null = lr)
-    warmup_steps: int = 200  # then inverse-square-root decay
-    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
-    adam_eps: float = 1e-9
-    weight_decay: float = 0.0
-    label_smoothing: float = 0.1
-    clip_norm: float = 0.0  # 0 = no gradient clipping
-    valid_every: int = 100  # steps between validations (and at the end)
-    log_every: int = 50
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    precision: str = "fp32"  # fp32 | bf16 (autocast: bf16 matmuls, fp32 weights and loss)
-    threads: int | None = None  # CPU threads; None = all cores
-    save_checkpoint: bool = True  # write checkpoints (run_dir/checkpoints/) at all
-    save_every: int = 500  # steps between checkpoints; also saved at the end, at each new best
-    #                        validation and on SIGTERM/SIGINT/SIGUSR2 (0: only those)
-    keep_last: int = 2  # step checkpoints kept (plus checkpoints/best.pt)
-    resume: str = "auto"  # auto: continue from the newest valid checkpoint in the run dir | never
-    max_bad_steps: int = 5  # stop after this many non-finite (skipped) steps in a row
+    max_steps: int | None = opt(300, "stop at max_steps or max_epochs, whichever comes first")
+    max_epochs: int | None = opt(None, "stop after this many epochs (null: max_steps decides)")
+    max_tokens: int = opt(4096,
+        "batch size in tokens (padded source or target, whichever is larger)")
+    update_freq: int = opt(1, "accumulate gradients over this many batches per step")
+    lr: float = opt(3e-3, "peak learning rate, reached after warmup_steps")
+    position_bias_lr: float | None = opt(0.05, "model.relative_positions' biases (null = lr)")
+    warmup_steps: int = opt(200, "then inverse-square-root decay")
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.98],
+                                    metadata={"help": "Adam (β1, β2)"})
+    adam_eps: float = opt(1e-9, "Adam ε")
+    weight_decay: float = opt(0.0, "Adam weight decay")
+    label_smoothing: float = opt(0.1, "label smoothing ε")
+    clip_norm: float = opt(0.0, "0 = no gradient clipping")
+    valid_every: int = opt(100, "steps between validations (and at the end)")
+    log_every: int = opt(50, "steps between train/* metrics")
+    device: str = opt("auto", "auto | cpu | cuda | cuda:N")
+    precision: Precision = opt(Precision.fp32, "fp32 | bf16 (autocast: bf16 matmuls, fp32 weights "
+                               "and loss; needs a GPU or a CPU with native bf16)")
+    threads: int | None = opt(None, "CPU threads; None = all cores")
+    save_checkpoint: bool = opt(True, "write checkpoints (run_dir/checkpoints/) at all")
+    save_every: int = opt(500,
+        "steps between checkpoints; also saved at the end, at each new best validation and on "
+        "SIGTERM/SIGINT/SIGUSR2 (0: only those)")
+    keep_last: int = opt(2, "step checkpoints kept (plus checkpoints/best.pt)")
+    resume: Resume = opt(Resume.auto, "auto: continue from the newest valid checkpoint in the run "
+                         "dir | never")
+    max_bad_steps: int = opt(5, "stop after this many non-finite (skipped) steps in a row")
 
 
 @dataclass
 class EvalConfig:
-    beam: int = 4  # 1 = greedy
-    lenpen: float = 0.6  # GNMT length penalty α: score / ((5 + |y|) / 6)^α
-    max_len_a: float = 1.5  # output length limit: a · source length + b
-    max_len_b: int = 10
-    max_sentences: int = 128  # sentences per decoding batch
-    split: str = "test"
-    bleu_tokenize: str | None = None  # sacrebleu tokenizer; None = sacrebleu's default (13a)
-    sacrebleu_test: str | None = None  # e.g. wmt14: test on sacrebleu's copy of a standard set
-    average_last: int = 1  # `heads-lab eval`: average the weights of the last N checkpoints
-    head_mask: str | None = None  # heads zeroed at evaluation, e.g. enc:0:3,dec-enc:2:*
+    beam: int = opt(4, "1 = greedy")
+    lenpen: float = opt(0.6, "GNMT length penalty α: score / ((5 + |y|) / 6)^α")
+    max_len_a: float = opt(1.5, "output length limit: a · source length + b")
+    max_len_b: int = opt(10, "output length limit: a · source length + b")
+    max_sentences: int = opt(128, "sentences per decoding batch")
+    split: EvalSplit = opt(EvalSplit.test, "the split scored: valid | test")
+    bleu_tokenize: str | None = opt(None, "sacrebleu tokenizer; None = sacrebleu's default (13a)")
+    sacrebleu_test: str | None = opt(None, "e.g. wmt14: test on sacrebleu's copy of a standard set")
+    average_last: int = opt(1, "`heads-lab eval`: average the weights of the last N checkpoints")
+    head_mask: str | None = opt(None, "heads zeroed at evaluation, e.g. enc:0:3,dec-enc:2:*")
 
 
 @dataclass
 class LoggerConfig:
-    name: str = "none"  # wandb | none
+    name: str = opt("none", "wandb | none")
 
 
 @dataclass
@@ -239,66 +257,78 @@ class WandbConfig(LoggerConfig):
 
 @dataclass
 class PathsConfig:
-    cache_dir: str | None = None  # tokenizers and preprocessed data; None = $HEADS_LAB_CACHE or
-    # ~/.cache/heads-lab
+    cache_dir: str | None = opt(None,
+        "tokenizers and preprocessed data; None = $HEADS_LAB_CACHE or ~/.cache/heads-lab")
 
 
 @dataclass
 class CostConfig:
-    # Lengths (subword tokens) at which `heads-lab info` counts FLOPs and attention memory;
-    # training runs use their data's mean lengths instead.
+    """Lengths (subword tokens) at which `heads-lab info` counts FLOPs and attention memory;
+    training runs use their data's mean lengths instead."""
+
     src_len: float = 20.0
     tgt_len: float = 20.0
 
 
 @dataclass
 class ReportConfig:
-    # How `heads-lab report` reads a study (experiment presets set these): the base row the other
-    # rows are tested against, e.g. {model.heads: 8}, and published numbers to print beside ours.
+    """How `heads-lab report` reads a study (experiment presets set these): the base row the
+    other rows are tested against, e.g. {model.heads: 8}, and published numbers beside ours."""
+
     base: dict[str, Any] = field(default_factory=dict)
-    paper: str | None = None  # table_a: Vaswani et al. 2017, Table 3 (A)
+    paper: str | None = opt(None, "table_a: Vaswani et al. 2017, Table 3 (A)")
 
 
 @dataclass
 class AnalysisConfig:
-    # `heads-lab analyze <run dir>`: what each head does (Voita et al. 2019, Clark et al. 2019,
-    # Michel et al. 2019), on `split` (teacher-forced on the reference translations).
-    split: str = "test"  # train | valid | test
-    max_sentences: int | None = 500  # the first N sentences of the split or treebank (null: all)
-    positional_threshold: float = 0.9  # positional: max weight on one relative offset this often
-    rare_threshold: float = 0.5  # rare-word: max weight on the rarest source token this often
-    syntactic_margin: float = 0.1  # syntactic: accuracy above the offset baseline by this much
-    min_arcs: int = 20  # syntactic: only relations with at least this many arcs label a head
-    conllu: str | None = None  # a CoNLL-U file of the split's source sentences (real data)
-    treebank: str | None = None  # a CoNLL-U file (.gz too) analysed on its own `# text` lines
-    treebank_ref: str | None = None  # its comment holding translations (text_en): decoder too
-    heatmaps: list[str] = field(default_factory=list)  # heads to draw, e.g. [enc:0:3, dec-enc:2:*]
-    sentences: list[int] = field(default_factory=lambda: [0])  # sentences for heatmaps/head view
+    """`heads-lab analyze <run dir>`: what each head does (Voita et al. 2019, Clark et al. 2019,
+    Michel et al. 2019), on `split` (teacher-forced on the reference translations)."""
+
+    split: SplitName = opt(SplitName.test, "the split analysed: train | valid | test")
+    max_sentences: int | None = opt(500,
+        "the first N sentences of the split or treebank (null: all)")
+    positional_threshold: float = opt(0.9,
+        "positional: max weight on one relative offset this often")
+    rare_threshold: float = opt(0.5, "rare-word: max weight on the rarest source token this often")
+    syntactic_margin: float = opt(0.1, "syntactic: accuracy above the offset baseline by this much")
+    min_arcs: int = opt(20, "syntactic: only relations with at least this many arcs label a head")
+    conllu: str | None = opt(None, "a CoNLL-U file of the split's source sentences (real data)")
+    treebank: str | None = opt(None, "a CoNLL-U file (.gz too) analysed on its own `# text` lines")
+    treebank_ref: str | None = opt(None, "its comment holding translations (text_en): decoder too")
+    heatmaps: list[str] = field(default_factory=list, metadata={"help":
+        "heads to draw, e.g. [enc:0:3, dec-enc:2:*]"})
+    sentences: list[int] = field(default_factory=lambda: [0], metadata={"help":
+        "sentences for heatmaps/head view"})
 
 
 @dataclass
 class PruneConfig:
-    # `heads-lab prune <run dir> method=importance|gates`, and gates trained from scratch by
-    # `heads-lab train prune.l0_lambda=...` (Voita et al. 2019).
-    method: str = "importance"  # importance (Michel et al. 2019) | gates (Voita et al. 2019)
-    split: str = "valid"  # where importance is measured
-    eval_split: str = "test"  # where BLEU and PPL are measured at each step
-    eval_sentences: int | None = 500  # the first N sentences of eval_split (null = all)
-    step: float = 0.1  # importance: fraction of the heads pruned per step
-    sites: list[str] = field(default_factory=lambda: list(ATTENTION_SITES))  # heads to prune
-    l0_lambda: float = 0.0  # gates: weight of the L0 penalty; > 0 in `train` gates from scratch
-    temperature: float = 0.33  # Hard Concrete β
-    stretch: list[float] = field(default_factory=lambda: [-0.1, 1.1])  # (γ, ζ)
-    steps: int = 500  # gates from a trained run: fine-tuning steps with the gates
-    lr: float | None = None  # gates from a trained run: the model's learning rate (null = the
-    # run's last one)
-    gate_lr: float | None = 0.05  # the gates' log α learning rate (null = the model's)
-    # which heads a trained gate keeps, ẑ = clamp(σ(log α)(ζ − γ) + γ, 0, 1) being its
-    # deterministic value: voita (Voita et al.'s code: alive iff ẑ > 0, i.e. log α > −ln(−ζ/γ),
-    # the kept head's output × ẑ) | binary (alive iff ẑ > 0.5, log α > 0 for the default
-    # stretch, output × 1)
-    gate_eval: str = "voita"
-    init_keep: float = 0.9  # σ(log α) at the start: 0.9 (log α ≈ 2.2) | 0.5 (log α = 0, Voita's)
+    """`heads-lab prune <run dir> method=importance|gates`, and gates trained from scratch by
+    `heads-lab train prune.l0_lambda=...` (Voita et al. 2019)."""
+
+    method: PruneMethod = opt(PruneMethod.importance, "importance (Michel et al. 2019) | gates "
+                              "(Voita et al. 2019)")
+    split: SplitName = opt(SplitName.valid, "where importance is measured")
+    eval_split: SplitName = opt(SplitName.test, "where BLEU and PPL are measured at each step")
+    eval_sentences: int | None = opt(500, "the first N sentences of eval_split (null = all)")
+    step: float = opt(0.1, "importance: fraction of the heads pruned per step")
+    sites: list[str] = field(default_factory=lambda: list(ATTENTION_SITES), metadata={"help":
+        "heads to prune"})
+    l0_lambda: float = opt(0.0,
+        "gates: weight of the L0 penalty; > 0 in `train` gates from scratch")
+    temperature: float = opt(0.33, "Hard Concrete β")
+    stretch: list[float] = field(default_factory=lambda: [-0.1, 1.1], metadata={"help": "(γ, ζ)"})
+    steps: int = opt(500, "gates from a trained run: fine-tuning steps with the gates")
+    lr: float | None = opt(None,
+        "gates from a trained run: the model's learning rate (null = the run's last one)")
+    gate_lr: float | None = opt(0.05, "the gates' log α learning rate (null = the model's)")
+    gate_eval: GateRule = opt(GateRule.voita,
+        "which heads a trained gate keeps, ẑ = clamp(σ(log α)(ζ − γ) + γ, 0, 1) being its "
+        "deterministic value: voita (Voita et al.'s code: alive iff ẑ > 0, i.e. log α > "
+        "−ln(−ζ/γ), the kept head's output × ẑ) | binary (alive iff ẑ > 0.5, log α > 0 for the "
+        "default stretch, output × 1)")
+    init_keep: float = opt(0.9,
+        "σ(log α) at the start: 0.9 (log α ≈ 2.2) | 0.5 (log α = 0, Voita's)")
 
 
 @dataclass
@@ -314,5 +344,6 @@ class RunConfig:
     analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
     prune: PruneConfig = field(default_factory=PruneConfig)
     seed: int = 1
-    name: str = "train"  # experiment name (wandb group when none is set)
-    tags: list[str] = field(default_factory=list)  # wandb tags (presets add theirs)
+    name: str = opt("train", "experiment name (wandb group when none is set)")
+    tags: list[str] = field(default_factory=list, metadata={"help":
+        "wandb tags (presets add theirs)"})

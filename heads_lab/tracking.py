@@ -3,13 +3,11 @@ blocking a run), and one results.json per run dir, written atomically."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import platform
 import socket
 import subprocess
-import tempfile
 import uuid
 from importlib import metadata
 from pathlib import Path
@@ -22,18 +20,12 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from rich.table import Table
 
 from heads_lab.config import LoggerConfig, WandbConfig
+from heads_lab.files import write_json  # noqa: F401 (tracking.write_json, kept for callers)
+from heads_lab.sites import SITES
+from heads_lab.variants import shape_keys, variant
 
 log = logging.getLogger(__name__)
 console = Console()
-
-
-def write_json(path: Path, obj: Any) -> None:
-    """Write JSON atomically: a temp file in the same dir, then rename over the target."""
-    path = Path(path)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as f:
-        json.dump(obj, f, indent=2, sort_keys=False, default=str)
-        f.write("\n")
-    os.replace(f.name, path)
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -84,9 +76,8 @@ def _reachable(url: str, timeout: float = 3.0) -> bool:
 
 
 # How settings read in run names (wandb) and report rows: model.heads=8,seed=2 → h=8,seed=2.
-SHORT_KEYS = {"model.heads": "h", "model.heads_k": "h_K", "model.heads_v": "h_V",
-              "model.kv_heads": "kv", "model.head_dim": "d_k", "model.encoder_layers": "enc",
-              "model.decoder_layers": "dec"}
+SHORT_KEYS = {**{key: short for short, key in shape_keys()}, "model.head_dim": "d_k",
+              "model.encoder_layers": "enc", "model.decoder_layers": "dec"}
 
 
 def short_key(key: str) -> str:
@@ -228,10 +219,7 @@ def cost_table(columns: list[tuple[str, Any, dict]]) -> Table:
         table.add_row(name, *[fn(cfg, acct) for _, cfg, acct in columns])
 
     def heads(cfg, _) -> str:
-        c = cfg.head_counts("enc-self")
-        if cfg.attention.value == "talking_heads":
-            return f"h_K {c['k']} · h {c['h']} · h_V {c['v']}"
-        return f"{c['h']}" + (f" (kv {c['k']})" if c["k"] != c["h"] else "")
+        return variant(cfg, "enc-self").label(cfg)
 
     def act(site):
         return lambda cfg, a: f"{a['attention_activation_bytes'][site] / 1024:.1f} KiB"
@@ -250,7 +238,7 @@ def cost_table(columns: list[tuple[str, Any, dict]]) -> Table:
     row("  ffn + norms", lambda _, a: f"{a['params']['ffn'] + a['params']['norm']:,}")
     row("FLOPs/token train", lambda _, a: _si(a["flops_per_token"]["train"]))
     row("FLOPs/token decode", lambda _, a: _si(a["flops_per_token"]["decode"]))
-    for site in ("enc-self", "dec-self", "dec-enc"):
+    for site in SITES:
         row(f"n·m memory {site}", act(site))
     first = columns[0][2]["lengths"]
     table.caption = escape(

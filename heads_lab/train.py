@@ -13,6 +13,7 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -21,7 +22,8 @@ from heads_lab import checkpoint
 from heads_lab.checkpoint import Checkpoints
 from heads_lab.config import TrainerConfig
 from heads_lab.data import Split, collate, epoch_batches
-from heads_lab.errors import CheckpointError, ConfigError, HeadsLabError
+from heads_lab.device import autocast
+from heads_lab.errors import CheckpointError, HeadsLabError
 from heads_lab.evaluate import perplexity
 from heads_lab.model import Transformer
 from heads_lab.parallel import Parallel
@@ -32,35 +34,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def native_bf16() -> bool:
-    """Whether this CPU multiplies bf16 matrices in hardware (AVX512-BF16 or AMX). Without,
-    PyTorch's CPU bf16 matmuls are emulated: a 512² matmul took 454 ms in bf16 against 11 ms in
-    fp32 on an AVX2 EPYC, so a bf16 run would take tens of times longer than fp32."""
-    cpu = torch.cpu
-    return any(getattr(cpu, name, lambda: False)()
-               for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
-
-
-def check_precision(device: torch.device, precision: str) -> None:
-    """Refuse bf16 on a CPU without native bf16, in one line naming the fix."""
-    if precision == "bf16" and device.type == "cpu" and not native_bf16():
-        raise ConfigError("trainer.precision=bf16: this CPU has no native bf16 (AVX512-BF16 or "
-                          "AMX), so bf16 matrix products are emulated, tens of times slower than "
-                          "fp32; add trainer.precision=fp32 (or run on a GPU or a CPU with bf16)")
-
-
-def autocast(device: torch.device, precision: str):
-    """bf16 autocast for `precision=bf16` (matmuls in bf16, weights, optimizer and loss in fp32),
-    a no-op for fp32."""
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
 def inverse_sqrt(warmup: int) -> Callable[[int], float]:
@@ -90,7 +63,7 @@ class TrainResult:
 
 
 @dataclass
-class Progress:
+class TrainState:
     """Where training stands: everything besides model/optimizer/schedule/RNG that a resumed
     run needs to continue exactly (it is saved in every checkpoint)."""
 
@@ -126,19 +99,28 @@ def _empty_window() -> dict[str, float]:
     return {"loss": 0.0, "nll": 0.0, "tokens": 0, "seconds": 0.0}
 
 
+class ExtraLoss(Protocol):
+    """A term added to the loss once per update (Hard Concrete gates' λ·L0): its value, the
+    metrics it logs, and its parameters with their own learning rates."""
+
+    def loss(self) -> torch.Tensor: ...
+
+    def metrics(self) -> dict[str, float]: ...
+
+    def param_groups(self, lr: float) -> list[tuple[list[torch.nn.Parameter], float]]: ...
+
+
 def adam(model: torch.nn.Module, lr: float, betas: tuple[float, float], eps: float,
-         weight_decay: float = 0.0, position_bias_lr: float | None = None) -> torch.optim.Adam:
+         weight_decay: float = 0.0, position_bias_lr: float | None = None,
+         extra: ExtraLoss | None = None) -> torch.optim.Adam:
     """Adam with PyTorch's fused kernel where it has one (CPU and CUDA: one pass over each
     parameter, ~3× faster than the multi-tensor path on CPU here), else the multi-tensor one.
-    Hard Concrete gates (log α) and relative-position biases get learning rates of their own:
-    both are scalars that must travel several units, and Adam moves a parameter by about its
-    learning rate per step whatever the gradient's size."""
+    An extra loss term's parameters (Hard Concrete gates' log α) and relative-position biases
+    get learning rates of their own: both are scalars that must travel several units, and Adam
+    moves a parameter by about its learning rate per step whatever the gradient's size."""
     device = next(model.parameters()).device.type
     impl = {"fused": True} if device in ("cpu", "cuda") else {"foreach": True}
-    gates = getattr(model, "gates", None)
-    special = []
-    if gates is not None:
-        special.append((list(gates.parameters()), gates.lr or lr))
+    special = list(extra.param_groups(lr)) if extra is not None else []
     biases = [p for name, p in model.named_parameters() if name.endswith("position_bias")]
     if biases:
         special.append((biases, position_bias_lr or lr))
@@ -160,108 +142,181 @@ def train(
     checkpoints: Checkpoints | None = None,
     stop_requested: Callable[[], str | None] = lambda: None,
     parallel: Parallel | None = None,
+    extra: ExtraLoss | None = None,
 ) -> TrainResult:
     """Train `model` in place until trainer.max_steps or max_epochs; validate every valid_every
     steps and at the end. `on_log(step, metrics)` receives train/* and valid/* metrics.
     With `checkpoints`, save every trainer.save_every steps and at the end, and (resume=auto)
     continue from the newest valid checkpoint. `stop_requested()` returning a signal name makes
     the loop save a checkpoint after the current update and raise Preempted. With `parallel`,
-    this process is one rank of a data-parallel group (see heads_lab.parallel)."""
-    net = parallel.wrap(model) if parallel else model  # DistributedDataParallel on ranks
-    opt = adam(model, cfg.lr, tuple(cfg.adam_betas), cfg.adam_eps, cfg.weight_decay,
-               cfg.position_bias_lr)
-    factor = inverse_sqrt(cfg.warmup_steps)  # LambdaLR counts from 0 before the first update
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda done: factor(done + 1))
-    max_steps = cfg.max_steps if cfg.max_steps is not None else math.inf
-    max_epochs = cfg.max_epochs if cfg.max_epochs is not None else math.inf
-    p = Progress()
-    resumed_from = None
-    state = checkpoints.resume_state() if checkpoints else None
-    world, rank = (parallel.world, parallel.rank) if parallel else (1, 0)
-    if state is not None and state.get("world", 1) != world:
-        raise CheckpointError(
-            f"{checkpoints.last_path} was written by {state.get('world', 1)} data-parallel "
-            f"process(es), not {world}; resume with the same number of processes")
-    if state is not None:
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        p = Progress(**state["progress"])
-        checkpoint.set_rng_state(state["rng"])
-        resumed_from = p.step
-    tgt_lens = train_split.tgt_lens
-    gates = model.gates
-    per_update = cfg.update_freq * world  # batches in one update, over all ranks
+    this process is one rank of a data-parallel group (see heads_lab.parallel). `extra` is a
+    term added to the loss once per update (its parameters are the model's too)."""
+    return Trainer(model, train_split, valid_split, cfg, seed, device, on_log, checkpoints,
+                   stop_requested, parallel, extra).run()
 
-    def validate() -> bool:
+
+class Trainer:
+    """One training run's loop, in named steps: resume, an update (forward and backward over
+    its batches), the non-finite check, logging, validation, checkpoints."""
+
+    def __init__(self, model, train_split, valid_split, cfg, seed, device, on_log, checkpoints,
+                 stop_requested, parallel, extra):
+        self.model, self.train_split, self.valid_split = model, train_split, valid_split
+        self.cfg, self.seed, self.device, self.on_log = cfg, seed, device, on_log
+        self.checkpoints, self.stop_requested = checkpoints, stop_requested
+        self.parallel, self.extra = parallel, extra
+        self.net = parallel.wrap(model) if parallel else model  # DistributedDataParallel on ranks
+        self.opt = adam(model, cfg.lr, tuple(cfg.adam_betas), cfg.adam_eps, cfg.weight_decay,
+                        cfg.position_bias_lr, extra)
+        factor = inverse_sqrt(cfg.warmup_steps)  # LambdaLR counts from 0 before the 1st update
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda done: factor(done + 1))
+        self.max_steps = cfg.max_steps if cfg.max_steps is not None else math.inf
+        self.max_epochs = cfg.max_epochs if cfg.max_epochs is not None else math.inf
+        self.world, self.rank = (parallel.world, parallel.rank) if parallel else (1, 0)
+        self.p = TrainState()
+        self.resumed_from: int | None = None
+
+    def resume(self) -> None:
+        """Continue from the newest valid checkpoint (resume=auto), if there is one."""
+        state = self.checkpoints.resume_state() if self.checkpoints else None
+        if state is None:
+            return
+        if state.get("world", 1) != self.world:
+            raise CheckpointError(
+                f"{self.checkpoints.last_path} was written by {state.get('world', 1)} "
+                f"data-parallel process(es), not {self.world}; resume with the same number of "
+                "processes")
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        self.p = TrainState(**state["progress"])
+        checkpoint.set_rng_state(state["rng"])
+        self.resumed_from = self.p.step
+
+    def validate(self) -> bool:
         """Validate; True when this is the best validation loss so far."""
-        with autocast(device, cfg.precision):
-            p.valid = perplexity(model, valid_split, cfg.max_tokens, device)
+        p = self.p
+        with autocast(self.device, self.cfg.precision):
+            p.valid = perplexity(self.model, self.valid_split, self.cfg.max_tokens, self.device)
         metrics = {"valid/loss": p.valid["loss"], "valid/ppl": p.valid["ppl"]}
         p.history.append({"step": p.step, **metrics})
-        on_log(p.step, metrics)
+        self.on_log(p.step, metrics)
         if p.valid["loss"] < p.best_valid:
             p.best_valid = p.valid["loss"]
             return True
         return False
 
-    def save(best: bool = False) -> Path | None:
-        if checkpoints is None:
+    def save(self, best: bool = False) -> Path | None:
+        if self.checkpoints is None:
             return None
-        state = {"model": model.state_dict(), "optimizer": opt.state_dict(),
-                 "scheduler": sched.state_dict(), "progress": asdict(p),
-                 "rng": checkpoint.rng_state(), "vocab_size": model.vocab_size, "world": world}
-        return checkpoints.save(state, p.step, best)
+        state = {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+                 "scheduler": self.sched.state_dict(), "progress": asdict(self.p),
+                 "rng": checkpoint.rng_state(), "vocab_size": self.model.vocab_size,
+                 "world": self.world}
+        return self.checkpoints.save(state, self.p.step, best)
 
-    model.train()
-    while p.step < max_steps and p.epoch < max_epochs:
-        batches = epoch_batches(train_split, cfg.max_tokens, seed, p.epoch)
-        n_updates = math.ceil(len(batches) / per_update)  # a short last group is kept
-        while p.update < n_updates and p.step < max_steps:
-            group = batches[p.update * per_update : (p.update + 1) * per_update]
-            # rank r trains on batches r, r + world, ... of the update; a rank left without one
-            # (a short last group) runs a batch with weight 0, so every rank all-reduces once
-            mine, weight = (group[rank::world], 1.0) if rank < len(group) else (group[:1], 0.0)
-            started = time.perf_counter()
-            n_tokens = int(sum(tgt_lens[ids].sum() for ids in group))  # over all ranks
-            losses = torch.zeros(2, dtype=torch.float64)
-            for i, ids in enumerate(mine):
-                batch = collate(train_split, ids).to(device)
-                keep = batch.tgt_out != model.pad_id  # score only real target positions
-                with parallel.no_sync(net, last=i == len(mine) - 1) if parallel else nullcontext():
-                    with autocast(device, cfg.precision):
-                        hidden = net(batch.src, batch.tgt_in, hidden_only=True)[keep]
-                        loss, nll = model.loss(hidden, batch.tgt_out[keep], cfg.label_smoothing)
-                    # the gradient of the mean over the whole update (DDP averages over ranks)
-                    (loss / (n_tokens / world) if weight else loss * 0.0).backward()
-                if gates is not None and i == 0:  # Hard Concrete head gates: + λ·L0, per update
-                    (gates.l0_lambda * gates.penalty()).backward()
-                losses += weight * torch.tensor([loss.item(), nll.item()], dtype=torch.float64)
-            if parallel:
-                losses = parallel.sum(losses)
-            p.update += 1
-            clip = cfg.clip_norm if cfg.clip_norm > 0 else math.inf
-            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-            if not (math.isfinite(losses[0].item()) and torch.isfinite(norm).item()):
-                opt.zero_grad(set_to_none=True)
-                p.skipped += 1
-                p.bad_in_row += 1
-                log.warning("step %d: non-finite %s; update skipped (%d in a row, %d in all)",
-                            p.step + 1, "loss" if not math.isfinite(losses[0].item())
-                            else "gradient", p.bad_in_row, p.skipped)
-                on_log(p.step, {"train/skipped_steps": p.skipped})
-                if p.bad_in_row >= cfg.max_bad_steps:
-                    path = save()
-                    kept = f"; checkpoint {path} holds the weights from before it" if path else ""
-                    raise Diverged(
-                        f"training diverged: {p.bad_in_row} non-finite steps in a row after step "
-                        f"{p.step}{kept}; lower trainer.lr, raise trainer.warmup_steps or set "
-                        "trainer.clip_norm (e.g. 1.0), then start a new run")
-                continue
+    def forward_backward(self, group: list[np.ndarray]) -> tuple[torch.Tensor, int]:
+        """Gradients of one update's batches (this rank's share); returns the summed (loss,
+        NLL) over all ranks and the update's target tokens."""
+        model, cfg, parallel = self.model, self.cfg, self.parallel
+        world = self.world
+        # rank r trains on batches r, r + world, ... of the update; a rank left without one
+        # (a short last group) runs a batch with weight 0, so every rank all-reduces once
+        mine, weight = ((group[self.rank::world], 1.0) if self.rank < len(group)
+                        else (group[:1], 0.0))
+        n_tokens = int(sum(self.train_split.tgt_lens[ids].sum() for ids in group))  # all ranks
+        losses = torch.zeros(2, dtype=torch.float64)
+        for i, ids in enumerate(mine):
+            batch = collate(self.train_split, ids).to(self.device)
+            keep = batch.tgt_out != model.pad_id  # score only real target positions
+            with parallel.no_sync(self.net, last=i == len(mine) - 1) if parallel else \
+                    nullcontext():
+                with autocast(self.device, cfg.precision):
+                    hidden = self.net(batch.src, batch.tgt_in, hidden_only=True)[keep]
+                    loss, nll = model.loss(hidden, batch.tgt_out[keep], cfg.label_smoothing)
+                # the gradient of the mean over the whole update (DDP averages over ranks)
+                (loss / (n_tokens / world) if weight else loss * 0.0).backward()
+            if self.extra is not None and i == 0:  # once per update
+                self.extra.loss().backward()
+            losses += weight * torch.tensor([loss.item(), nll.item()], dtype=torch.float64)
+        if parallel:
+            losses = parallel.sum(losses)
+        return losses, n_tokens
+
+    def finite(self, losses: torch.Tensor) -> bool:
+        """Clip the gradient; on a non-finite loss or gradient drop the update, count it, and
+        stop with Diverged after trainer.max_bad_steps in a row."""
+        p, cfg = self.p, self.cfg
+        clip = cfg.clip_norm if cfg.clip_norm > 0 else math.inf
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        if math.isfinite(losses[0].item()) and torch.isfinite(norm).item():
             p.bad_in_row = 0
-            opt.step()
-            sched.step()
-            opt.zero_grad(set_to_none=True)
+            return True
+        self.opt.zero_grad(set_to_none=True)
+        p.skipped += 1
+        p.bad_in_row += 1
+        log.warning("step %d: non-finite %s; update skipped (%d in a row, %d in all)",
+                    p.step + 1, "loss" if not math.isfinite(losses[0].item()) else "gradient",
+                    p.bad_in_row, p.skipped)
+        self.on_log(p.step, {"train/skipped_steps": p.skipped})
+        if p.bad_in_row >= cfg.max_bad_steps:
+            path = self.save()
+            kept = f"; checkpoint {path} holds the weights from before it" if path else ""
+            raise Diverged(
+                f"training diverged: {p.bad_in_row} non-finite steps in a row after step "
+                f"{p.step}{kept}; lower trainer.lr, raise trainer.warmup_steps or set "
+                "trainer.clip_norm (e.g. 1.0), then start a new run")
+        return False
+
+    def log_window(self, n_updates: int) -> None:
+        """train/* metrics of the updates since the last log, every log_every steps."""
+        p, w = self.p, self.p.window
+        if not (p.step % self.cfg.log_every == 0 or p.step == self.max_steps):
+            return
+        p.last_loss = w["loss"] / w["tokens"]
+        self.on_log(p.step, {
+            "train/loss": p.last_loss,
+            "train/nll": w["nll"] / w["tokens"],
+            "train/ppl": math.exp(min(w["nll"] / w["tokens"], 50)),
+            "train/lr": self.sched.get_last_lr()[0],
+            "train/tokens_per_s": w["tokens"] / w["seconds"],
+            "train/epoch": p.epoch + p.update / n_updates,
+            **(self.extra.metrics() if self.extra is not None else {}),
+        })
+        p.window = _empty_window()
+
+    def after_update(self) -> None:
+        """Validate, honour a stop signal (checkpoint, then Preempted) and save on schedule."""
+        p, cfg = self.p, self.cfg
+        best = False
+        if p.step % cfg.valid_every == 0:
+            best = self.validate()
+            self.model.train()
+        signal_name = self.stop_requested()
+        if self.parallel:
+            signal_name = self.parallel.any_stop(signal_name)
+        if signal_name:
+            raise Preempted(signal_name, p.step, self.save(best))
+        periodic = cfg.save_every and p.step % cfg.save_every == 0
+        if (best or periodic) and p.step < self.max_steps:  # the last step is saved in run()
+            self.save(best)
+
+    def epoch(self) -> None:
+        """The updates left in the current epoch (or until max_steps)."""
+        p = self.p
+        per_update = self.cfg.update_freq * self.world  # batches in one update, all ranks
+        batches = epoch_batches(self.train_split, self.cfg.max_tokens, self.seed, p.epoch)
+        n_updates = math.ceil(len(batches) / per_update)  # a short last group is kept
+        while p.update < n_updates and p.step < self.max_steps:
+            group = batches[p.update * per_update : (p.update + 1) * per_update]
+            started = time.perf_counter()
+            losses, n_tokens = self.forward_backward(group)
+            p.update += 1
+            if not self.finite(losses):
+                continue
+            self.opt.step()
+            self.sched.step()
+            self.opt.zero_grad(set_to_none=True)
             p.step += 1
             p.tokens += n_tokens
             elapsed = time.perf_counter() - started
@@ -271,53 +326,35 @@ def train(
             w["nll"] += losses[1].item()
             w["tokens"] += n_tokens
             w["seconds"] += elapsed
-            if p.step % cfg.log_every == 0 or p.step == max_steps:
-                p.last_loss = w["loss"] / w["tokens"]
-                on_log(p.step, {
-                    "train/loss": p.last_loss,
-                    "train/nll": w["nll"] / w["tokens"],
-                    "train/ppl": math.exp(min(w["nll"] / w["tokens"], 50)),
-                    "train/lr": sched.get_last_lr()[0],
-                    "train/tokens_per_s": w["tokens"] / w["seconds"],
-                    "train/epoch": p.epoch + p.update / n_updates,
-                    **({"train/l0": gates.penalty().item(),
-                        "train/heads_open": float(sum((g > 0).sum()
-                                                      for g in gates.test_gates().values()))}
-                       if gates is not None else {}),
-                })
-                p.window = _empty_window()
-            best = False
-            if p.step % cfg.valid_every == 0:
-                best = validate()
-                model.train()
-            signal_name = stop_requested()
-            if parallel:
-                signal_name = parallel.any_stop(signal_name)
-            if signal_name:
-                raise Preempted(signal_name, p.step, save(best))
-            periodic = cfg.save_every and p.step % cfg.save_every == 0
-            if (best or periodic) and p.step < max_steps:  # the last step is saved below
-                save(best)
+            self.log_window(n_updates)
+            self.after_update()
         if p.update >= n_updates:
             p.epoch += 1
             p.update = 0
-    if p.window["tokens"]:
-        p.last_loss = p.window["loss"] / p.window["tokens"]
-    best = False
-    if not p.history or p.history[-1]["step"] != p.step:
-        best = validate()
-    elif p.history[-1]["step"] == p.step and p.valid and p.valid["loss"] <= p.best_valid:
-        best = True  # validated at this very step above, and it was the best
-    save(best)
-    return TrainResult(
-        steps=p.step,
-        epochs=p.tokens / max(train_split.target_tokens(), 1),
-        train_loss=p.last_loss,
-        tokens=p.tokens,
-        train_seconds=p.train_seconds,
-        tokens_per_s=p.tokens / max(p.train_seconds, 1e-9),
-        valid=p.valid,
-        history=p.history,
-        skipped_steps=p.skipped,
-        resumed_from=resumed_from,
-    )
+
+    def run(self) -> TrainResult:
+        self.resume()
+        p = self.p
+        self.model.train()
+        while p.step < self.max_steps and p.epoch < self.max_epochs:
+            self.epoch()
+        if p.window["tokens"]:
+            p.last_loss = p.window["loss"] / p.window["tokens"]
+        best = False
+        if not p.history or p.history[-1]["step"] != p.step:
+            best = self.validate()
+        elif p.history[-1]["step"] == p.step and p.valid and p.valid["loss"] <= p.best_valid:
+            best = True  # validated at this very step above, and it was the best
+        self.save(best)
+        return TrainResult(
+            steps=p.step,
+            epochs=p.tokens / max(self.train_split.target_tokens(), 1),
+            train_loss=p.last_loss,
+            tokens=p.tokens,
+            train_seconds=p.train_seconds,
+            tokens_per_s=p.tokens / max(p.train_seconds, 1e-9),
+            valid=p.valid,
+            history=p.history,
+            skipped_steps=p.skipped,
+            resumed_from=self.resumed_from,
+        )

@@ -3,13 +3,15 @@ kind of head (heads_lab.heads.head_kinds)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from heads_lab.data import Split, bucket, collate
-from heads_lab.heads import SITES, HeadSet, attention_modules, head_kinds, mask_heads, out_kind
-from heads_lab.heads import set_kind_gate as _set
+from heads_lab.heads import SITES, HeadSet, attention_modules, gates_of, multipliers, out_kind
+from heads_lab.model import evaluating
 
 Scores = dict[tuple[str, int, str], np.ndarray]  # (site, layer, kind) → [heads of that kind]
 
@@ -19,58 +21,55 @@ def importance_by_kind(model, split: Split, count: int | None, max_tokens: int, 
     """Mean over batches (the first `count` sentences of `split`, None: all) of |∂L/∂ξ_h|, L the
     mean NLL per target token and ξ a multiplier at 1 on each head of each kind of the modules
     in `sites` (all_kinds=False: only the kind masks and removal act on); each (module, kind)
-    normalised by its ℓ2 norm. The partial derivatives are taken at the same point (every ξ at
-    1), so one backward pass scores every kind. `masked` heads (of the removal kind; with a
-    gated model also its closed heads) are held at 0 and score 0."""
-    was_training = model.training
-    model.eval()
-    gates, model.gates = model.gates, None  # a gated model: its closed heads count as masked
+    normalised by its ℓ2 norm. The out kind's ξ multiplies the heads' outputs (heads.multipliers);
+    talking heads' query/key and softmax heads scale the rows of P_l [h_K, h] and P_w [h, h_V],
+    so at ξ = 1 their ∂L/∂ξ is Σ over the row of P · ∂L/∂P. All are partial derivatives at the
+    same point, so one backward pass scores every kind. `masked` heads (of the out kind; with a
+    gated model also its closed heads, the gates off) are held at 0."""
+    gates = gates_of(model)
     if gates is not None:
         masked = {k: sorted(set(v) | set((masked or {}).get(k, [])))
                   for k, v in {**(masked or {}), **gates.closed()}.items()}
     modules = attention_modules(model)
-    xi: dict[tuple[str, int, str], torch.Tensor] = {}
-    for (site, layer), module in modules.items():
-        for kind, n in head_kinds(module).items():
-            removal = kind == out_kind(module)
-            if not (removal or all_kinds):
-                continue
-            gate = torch.ones(n, device=device)
-            if removal and masked and (site, layer) in masked:
-                gate[masked[(site, layer)]] = 0.0
-            xi[site, layer, kind] = gate.requires_grad_(site in sites)
-            _set(module, kind, xi[site, layer, kind])
-    scored = [key for key in xi if key[0] in sites]
-    sums = {key: np.zeros(len(xi[key])) for key in scored}
-    n = len(split) if count is None else min(count, len(split))
-    batches = 0
+    mixes = {}  # (site, layer, kind) → the mix whose rows are that kind's heads
+    if all_kinds:
+        for (site, layer), module in modules.items():
+            if site in sites and module.mix_parameters():
+                mixes[site, layer, "qk"], mixes[site, layer, "softmax"] = module.mix_parameters()
     flags = [p.requires_grad for p in model.parameters()]
     for p in model.parameters():
         p.requires_grad_(False)
+    for mix in mixes.values():
+        mix.requires_grad_(True)
+    n = len(split) if count is None else min(count, len(split))
+    sums: dict[tuple[str, int, str], np.ndarray] = {}
+    batches = 0
     try:
-        for ids in bucket(split.src_lens[:n], split.tgt_lens[:n], max_tokens):
-            batch = collate(split, ids).to(device)
-            keep = batch.tgt_out != model.pad_id
-            hidden = model.decode(batch.tgt_in, model.encode(batch.src))[keep]
-            logits = model.logits(hidden)
-            if logits.dtype in (torch.float16, torch.bfloat16):
-                logits = logits.float()
-            loss = F.cross_entropy(logits, batch.tgt_out[keep])
-            for key, g in zip(scored, torch.autograd.grad(loss, [xi[k] for k in scored])):
-                sums[key] += g.abs().double().cpu().numpy()
-            batches += 1
+        with evaluating(model), multipliers(model, masked, sites) as xi, \
+                (gates.suspended() if gates is not None else contextlib.nullcontext()):
+            scored = [key for key in xi if key[0] in sites]
+            for ids in bucket(split.src_lens[:n], split.tgt_lens[:n], max_tokens):
+                batch = collate(split, ids).to(device)
+                keep = batch.tgt_out != model.pad_id
+                hidden = model.decode(batch.tgt_in, model.encode(batch.src))[keep]
+                logits = model.logits(hidden)
+                if logits.dtype in (torch.float16, torch.bfloat16):
+                    logits = logits.float()
+                loss = F.cross_entropy(logits, batch.tgt_out[keep])
+                grads = torch.autograd.grad(loss, [xi[k] for k in scored] + list(mixes.values()))
+                for (site, layer), g in zip(scored, grads):
+                    key = (site, layer, out_kind(modules[site, layer]))
+                    sums[key] = sums.get(key, 0) + g.abs().double().cpu().numpy()
+                for key, g in zip(mixes, grads[len(scored):]):
+                    row = (mixes[key].detach() * g).sum(dim=1)  # Σ over the row of P · ∂L/∂P
+                    sums[key] = sums.get(key, 0) + row.abs().double().cpu().numpy()
+                batches += 1
     finally:
         for p, flag in zip(model.parameters(), flags):
             p.requires_grad_(flag)
-        for (site, layer, kind) in xi:
-            _set(modules[site, layer], kind, None)
-        if masked and gates is None:
-            mask_heads(model, masked)
-        model.gates = gates
-        model.train(was_training)
     out = {}
-    for key, s in sums.items():
-        s = s / max(batches, 1)
+    for key in [k for (site, layer) in modules for k in sorted(sums) if k[:2] == (site, layer)]:
+        s = sums[key] / max(batches, 1)
         norm = np.linalg.norm(s)
         out[key] = s / norm if norm > 0 else s
     return out

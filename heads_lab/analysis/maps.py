@@ -8,7 +8,9 @@ import numpy as np
 import torch
 
 from heads_lab.data import Split, collate
-from heads_lab.heads import SITES
+from heads_lab.heads import recording
+from heads_lab.model import evaluating
+from heads_lab.sites import SITE, SITES
 
 # arcs over source subword positions: (the head word's positions, the dependent's, relation)
 Arc = tuple[list[int], list[int], str]
@@ -31,25 +33,25 @@ def collect_maps(model, split: Split, count: int | None, device, batch_size: int
                  decoder: bool = True) -> list[Sentence]:
     """Attention maps of the first `count` (None: all) sentences of `split`, teacher-forced on
     its targets; `decoder=False` runs the encoder alone (no target: enc-self maps only)."""
-    was_training = model.training
-    model.eval()
     out: list[Sentence] = []
     ids_all = np.arange(len(split) if count is None else min(count, len(split)))
     for start in range(0, len(ids_all), batch_size):
         batch = collate(split, ids_all[start:start + batch_size]).to(device)
-        memory = model.encode(batch.src, need_weights=True)
-        if decoder:
-            model.decode(batch.tgt_in, memory, need_weights=True)
-        weights = model.attention_weights()
+        with evaluating(model), recording(model) as recorded:
+            memory = model.encode(batch.src, need_weights=True)
+            if decoder:
+                model.decode(batch.tgt_in, memory, need_weights=True)
+        weights: dict[str, list] = {}
+        for (site, _), w in recorded.items():  # in layer order
+            weights.setdefault(site, []).append(w)
         sites = SITES if decoder else ("enc-self",)
         for row in range(batch.src.shape[0]):
             n_src = int((batch.src[row] != model.pad_id).sum())
             n_tgt = int((batch.tgt_in[row] != model.pad_id).sum())
-            size = {"enc-self": (n_src, n_src), "dec-self": (n_tgt, n_tgt),
-                    "dec-enc": (n_tgt, n_src)}
+            n = {"src": n_src, "tgt": n_tgt}
+            size = {name: (n[s.query], n[s.key]) for name, s in SITE.items()}
             maps = {site: np.stack([w[row, :, :size[site][0], :size[site][1]].float().cpu().numpy()
-                                    for w in weights[site]]) for site in sites if weights[site]}
+                                    for w in weights[site]]) for site in sites if weights.get(site)}
             out.append(Sentence(batch.src[row, :n_src].tolist(),
                                 batch.tgt_in[row, :n_tgt].tolist() if decoder else [], maps))
-    model.train(was_training)
     return out

@@ -22,7 +22,8 @@ from heads_lab.analysis.metrics import (
 )
 from heads_lab.analysis.syntax import Matching, Tree, attach_arcs, read_conllu, treebank_split
 from heads_lab.data import Split
-from heads_lab.heads import SITES, attention_modules, head_kinds, map_kind
+from heads_lab.heads import attention_modules, head_kinds, map_kind
+from heads_lab.sites import SITE, SITES
 
 MAP_METRICS = ("confidence", "importance", "positional_share", "rare_share", "syntactic_gain")
 
@@ -97,51 +98,17 @@ def analyze(model, corpus, cfg, device, max_tokens: int, form: str = "NFC"
             continue
         first = modules[(site, 0)]
         kind, kinds[site] = map_kind(first), head_kinds(first)
-        enc = site == "enc-self"
-        conf = confidence(maps, skip_last_query=enc)
-        pos_share, pos_offset = positional(maps, skip_last_query=enc)
-        rare = (rare_share(maps, [s.src for s in sentences], freq, skip_last_query=enc)
-                if site in ("enc-self", "dec-enc") else None)
-        syn = syntactic(maps, [s.arcs for s in sentences], word_offsets) if enc else {}
-        if enc:
-            syntax_tables = syn
-        dist = js_distances(maps)
-        layers, n_heads = conf.shape
-        imp = (np.stack([importance[(site, layer, kind)] for layer in range(layers)])
-               if importance else np.full((layers, n_heads), np.nan))
-        counted = {k: v for k, v in syn.items() if v["arcs"] >= cfg.min_arcs}
-        gain = (np.max([v["accuracy"] - v["baseline"] for v in syn.values()], axis=0)
-                if syn else None)
-        labels = [["other"] * n_heads for _ in range(layers)]
-        for layer in range(layers):
-            for head in range(n_heads):
-                rels = [k for k, v in counted.items()
-                        if v["accuracy"][layer, head] - v["baseline"] >= cfg.syntactic_margin]
-                is_pos = site != "dec-enc" and pos_share[layer, head] >= cfg.positional_threshold
-                is_rare = rare is not None and rare[layer, head] > cfg.rare_threshold
-                labels[layer][head] = ("syntactic" if rels else "positional" if is_pos
-                                       else "rare" if is_rare else "other")
-                heads.append({
-                    "site": site, "layer": layer, "kind": kind, "head": head,
-                    "function": labels[layer][head],
-                    "confidence": float(conf[layer, head]),
-                    "importance": _number(imp[layer, head]),
-                    "positional": ({"share": float(pos_share[layer, head]),
-                                    "offset": int(pos_offset[layer, head]),
-                                    "is_positional": bool(is_pos)} if site != "dec-enc" else None),
-                    "rare": (None if rare is None else
-                             {"share": float(rare[layer, head]), "is_rare": bool(is_rare)}),
-                    "syntactic": {k: {"accuracy": float(v["accuracy"][layer, head]),
-                                      "baseline": float(v["baseline"]),
-                                      "gain": float(v["accuracy"][layer, head] - v["baseline"])}
-                                  for k, v in syn.items()},
-                    "syntactic_relations": rels,
-                })
+        m = _measure(site, maps, sentences, freq, word_offsets)
+        if site == "enc-self":
+            syntax_tables = m["syntactic"]
+        layers, n_heads = m["confidence"].shape
+        m["importance"] = (np.stack([importance[(site, layer, kind)] for layer in range(layers)])
+                           if importance else np.full((layers, n_heads), np.nan))
+        functions[site], entries = _site_heads(site, kind, m, cfg)
+        heads += entries
         empty = [[None] * n_heads for _ in range(layers)]
-        for metric, values in (("confidence", conf), ("importance", imp),
-                               ("positional_share", None if site == "dec-enc" else pos_share),
-                               ("rare_share", rare), ("syntactic_gain", gain)):
-            grids[metric][site] = empty if values is None else _rows(values)
+        for metric in MAP_METRICS:
+            grids[metric][site] = empty if m[metric] is None else _rows(m[metric])
             grid_kinds[metric][site] = kind
         for other in kinds[site]:  # talking heads: importance of the query/key and value heads
             if other == kind or not importance:
@@ -152,9 +119,8 @@ def analyze(model, corpus, cfg, device, max_tokens: int, form: str = "NFC"
             heads += [{"site": site, "layer": layer, "kind": other, "head": h,
                        "importance": float(scores[layer, h])}
                       for layer in range(layers) for h in range(scores.shape[1])]
-        functions[site] = labels
-        distances[site] = dist.tolist()
-        diversities[site] = diversity(dist)
+        distances[site] = m["distances"].tolist()
+        diversities[site] = diversity(m["distances"])
     mapped = [h for h in heads if "function" in h]
     return {
         "source": source.name, "split": None if source.syntax == "treebank" else source.name,
@@ -168,6 +134,60 @@ def analyze(model, corpus, cfg, device, max_tokens: int, form: str = "NFC"
         "heads": heads, "grids": grids, "grid_kinds": grid_kinds, "functions": functions,
         "distances": distances, "diversity": diversities,
     }, sentences
+
+
+def _measure(site: str, maps, sentences, freq, word_offsets) -> dict[str, Any]:
+    """Every map measure of one site's heads, [layers, heads] arrays (None where the measure
+    does not apply: positional needs self-attention, rare-word source keys, syntax enc-self)."""
+    enc = site == "enc-self"
+    share, offset = positional(maps, skip_last_query=enc)
+    syn = syntactic(maps, [s.arcs for s in sentences], word_offsets) if enc else {}
+    return {
+        "confidence": confidence(maps, skip_last_query=enc),
+        "positional_share": share if SITE[site].self_attention else None,
+        "positional_offset": offset,
+        "rare_share": (rare_share(maps, [s.src for s in sentences], freq, skip_last_query=enc)
+                       if SITE[site].key == "src" else None),
+        "syntactic": syn,
+        "syntactic_gain": (np.max([v["accuracy"] - v["baseline"] for v in syn.values()], axis=0)
+                           if syn else None),
+        "distances": js_distances(maps),
+    }
+
+
+def _site_heads(site: str, kind: str, m: dict[str, Any], cfg) -> tuple[list[list[str]], list]:
+    """Each head's role (syntactic, positional, rare or other, in that precedence) and its
+    analysis.json entry."""
+    syn, share, rare = m["syntactic"], m["positional_share"], m["rare_share"]
+    counted = {k: v for k, v in syn.items() if v["arcs"] >= cfg.min_arcs}
+    layers, n_heads = m["confidence"].shape
+    labels, entries = [["other"] * n_heads for _ in range(layers)], []
+    for layer in range(layers):
+        for head in range(n_heads):
+            rels = [k for k, v in counted.items()
+                    if v["accuracy"][layer, head] - v["baseline"] >= cfg.syntactic_margin]
+            is_pos = share is not None and share[layer, head] >= cfg.positional_threshold
+            is_rare = rare is not None and rare[layer, head] > cfg.rare_threshold
+            labels[layer][head] = ("syntactic" if rels else "positional" if is_pos
+                                   else "rare" if is_rare else "other")
+            entries.append({
+                "site": site, "layer": layer, "kind": kind, "head": head,
+                "function": labels[layer][head],
+                "confidence": float(m["confidence"][layer, head]),
+                "importance": _number(m["importance"][layer, head]),
+                "positional": (None if share is None else
+                               {"share": float(share[layer, head]),
+                                "offset": int(m["positional_offset"][layer, head]),
+                                "is_positional": bool(is_pos)}),
+                "rare": (None if rare is None else
+                         {"share": float(rare[layer, head]), "is_rare": bool(is_rare)}),
+                "syntactic": {k: {"accuracy": float(v["accuracy"][layer, head]),
+                                  "baseline": float(v["baseline"]),
+                                  "gain": float(v["accuracy"][layer, head] - v["baseline"])}
+                              for k, v in syn.items()},
+                "syntactic_relations": rels,
+            })
+    return labels, entries
 
 
 def _syntax_summary(source: Source, matching: Matching | None, tables: dict, heads: list[dict],

@@ -5,7 +5,6 @@ JSON (and a PNG); nothing in `make test` asserts a speed."""
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from heads_lab.errors import ConfigError
@@ -24,11 +23,10 @@ def main(args: list[str]) -> int:
     parser.add_argument("--png", default="bench_depth.png", help="--depth: the plot")
     opts = parser.parse_args(args)
     model = _model(opts.overrides)
-    from rich.console import Console
+    from heads_lab.files import write_json
+    from heads_lab.tables import wide_console
 
-    console = Console()
-    if not console.is_terminal:  # piped or captured: room for the whole table, unwrapped
-        console = Console(width=150)
+    console = wide_console(150)
     if opts.depth:
         from heads_lab.bench import depth
 
@@ -43,7 +41,7 @@ def main(args: list[str]) -> int:
                            peak=not opts.quick, log=console.print)
         console.print(_table(result))
         console.print(_targets(result))
-    Path(opts.json).write_text(json.dumps(result, indent=2, default=str))
+    write_json(Path(opts.json), result)
     console.print(f"numbers: {opts.json}")
     return 0
 

@@ -15,9 +15,10 @@ import torch
 from heads_lab.cost import Lengths, account
 from heads_lab.data.tokenizer import EOS
 from heads_lab.decode import beam_search, greedy
+from heads_lab.device import autocast
 from heads_lab.model import Transformer
 from heads_lab.schemas import ModelConfig
-from heads_lab.train import adam, autocast
+from heads_lab.train import adam
 
 CPU = torch.device("cpu")
 

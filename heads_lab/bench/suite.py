@@ -24,6 +24,7 @@ from heads_lab.bench.measure import (
     train_throughput,
 )
 from heads_lab.schemas import AttentionKind, ModelConfig
+from heads_lab.variants import VARIANTS
 
 BASE = dict(d_model=256, d_ff=1024, encoder_layers=3, decoder_layers=3, dropout=0.1)
 
@@ -32,16 +33,13 @@ def variants(model: ModelConfig, quick: bool = False) -> list[Variant]:
     def with_(**kw) -> ModelConfig:
         return dataclasses.replace(model, **kw)
 
-    heads = (1, 8, 32) if quick else (1, 2, 4, 8, 16, 32)
     out = [Variant("torch.nn.Transformer h=8", with_(heads=8), baseline=True)]
-    out += [Variant(f"mha h={h}", with_(heads=h)) for h in heads]
-    out += [Variant(f"talking_heads h={h}", with_(heads=h, attention=AttentionKind.talking_heads))
-            for h in (8, 32)]
-    out += [Variant("mha h=8 kv_heads=1", with_(heads=8, kv_heads=1)),
-            Variant("mha h=8 bf16", with_(heads=8), precision="bf16"),
-            Variant("talking_heads h=8 bf16", with_(heads=8, attention=AttentionKind.talking_heads),
-                    precision="bf16")]
-    return out
+    bf16 = []
+    for name, entry in VARIANTS.items():  # each attention variant's own rows (heads_lab.variants)
+        kind = AttentionKind(name)
+        out += [Variant(label, with_(attention=kind, **kw)) for label, kw in entry.bench(quick)]
+        bf16 += [Variant(f"{name} h=8 bf16", with_(attention=kind, heads=8), precision="bf16")]
+    return out + bf16
 
 
 def run(model: ModelConfig, steps: int = 10, warmup: int = 3, quick: bool = False,

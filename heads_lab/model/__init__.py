@@ -12,6 +12,7 @@ from heads_lab.model.transformer import (
     Transformer,
     admin_init,
     count_parameters,
+    evaluating,
 )
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "Transformer",
     "admin_init",
     "count_parameters",
+    "evaluating",
     "label_smoothed_loss",
     "output_loss",
     "reorder_cache",

@@ -15,12 +15,15 @@ al. 2018's clipping, T5's per-head scalar; zeros at the start, so the layer star
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from heads_lab.errors import ConfigError
 from heads_lab.model.dropout import dropout
+from heads_lab.sites import SITE
 
 # One layer's incremental-decoding state: {"k": Tensor, "v": Tensor} [batch, heads, key, head_dim]
 # (self-attention: views of "buffer_k" / "buffer_v", which have room to grow).
@@ -41,12 +44,26 @@ class Attention(nn.Module):
         self.sizes = (q_heads * head_dim, k_heads * head_dim, v_heads * head_dim)
         self.in_proj = nn.Linear(d_model, sum(self.sizes))
         self.out_proj = nn.Linear(out_heads * head_dim, d_model)
-        # [out_heads] multipliers of the heads' outputs (masks, importance ξ, Hard Concrete
-        # gates: heads_lab.heads); None = all heads at 1, the usual fast path
-        self.head_gate: Tensor | None = None
         # [heads, 2K + 1] bias per softmax head and clipped offset −K..K (None: off)
         self.relative = relative
         self.position_bias = nn.Parameter(torch.zeros(heads, 2 * relative + 1)) if relative else None
+
+    variant = ""  # its entry in heads_lab.variants (map and out kinds, cost)
+
+    def mix_parameters(self) -> list[nn.Parameter]:
+        """Parameters that mix heads (talking heads' P_l and P_w); none here."""
+        return []
+
+    def kinds(self) -> dict[str, int]:
+        """{kind: count} of its heads now (heads_lab.heads.KIND_NAMES)."""
+        return {"head": self.heads}
+
+    def keep_heads(self, keep: list[int]) -> None:
+        """Remove every head of the out kind but `keep` for real (smaller projections); the
+        result computes what the module did with the other heads masked. A variant whose heads
+        cannot go one by one refuses."""
+        raise ConfigError("removing heads needs plain multi-head attention (model.attention="
+                          "mha without kv_heads); mask them instead with eval.head_mask")
 
     def relative_bias(self, n: int, m: int) -> Tensor | None:
         """[heads, query, key] bias of the offsets key − query, for n queries that are the last
@@ -108,9 +125,7 @@ class Attention(nn.Module):
 
     def merge(self, o: Tensor) -> Tensor:
         # o [batch, out_heads, query, head_dim] → [batch, query, out_heads · head_dim] → d_model
-        b, _, n, _ = o.shape
-        if self.head_gate is not None:
-            o = o * self.head_gate.to(o.dtype).view(1, -1, 1, 1)
+        b, _, n, _ = o.shape  # (masks and gates scale the heads in a pre-hook: heads_lab.heads)
         return self.out_proj(o.transpose(1, 2).reshape(b, n, self.out_heads * self.head_dim))
 
 
@@ -119,11 +134,41 @@ class MultiHeadAttention(Attention):
     kv_heads = heads standard multi-head attention (torch.nn.MultiheadAttention's in_proj layout)
     and kv_heads = 1 multi-query attention (Shazeer 2019). Keeps PyTorch's fused SDPA kernel."""
 
+    variant = "mha"  # its entry in heads_lab.variants
+
     def __init__(self, d_model: int, heads: int, head_dim: int, dropout: float = 0.0,
                  kv_heads: int | None = None, relative: int = 0):
         kv_heads = kv_heads or heads
         super().__init__(d_model, heads, head_dim, dropout, q_heads=heads, k_heads=kv_heads,
                          v_heads=kv_heads, out_heads=heads, relative=relative)
+
+    @classmethod
+    def from_config(cls, cfg, site: str) -> MultiHeadAttention:
+        return cls(cfg.d_model, cfg.heads, cfg.d_head, cfg.attention_dropout, cfg.kv_heads,
+                   cfg.relative_positions if SITE[site].self_attention else 0)
+
+    @torch.no_grad()
+    def keep_heads(self, keep: list[int]) -> None:
+        if self.k_heads != self.q_heads:  # a shared key/value head serves several query heads
+            super().keep_heads(keep)
+        d, h = self.head_dim, self.q_heads
+        rows = torch.tensor([part * h * d + head * d + i for part in range(3) for head in keep
+                             for i in range(d)], dtype=torch.long, device=self.in_proj.weight.device)
+        cols = rows[: len(keep) * d]
+        with warnings.catch_warnings():  # a module losing every head: zero-element weights
+            warnings.simplefilter("ignore", UserWarning)
+            in_proj = nn.Linear(self.in_proj.in_features, len(rows)).to(self.in_proj.weight)
+            out_proj = nn.Linear(len(cols), self.out_proj.out_features).to(self.out_proj.weight)
+        in_proj.weight.copy_(self.in_proj.weight[rows])
+        in_proj.bias.copy_(self.in_proj.bias[rows])
+        out_proj.weight.copy_(self.out_proj.weight[:, cols])
+        out_proj.bias.copy_(self.out_proj.bias)
+        self.in_proj, self.out_proj = in_proj, out_proj
+        n = len(keep)
+        self.heads = self.q_heads = self.k_heads = self.v_heads = self.out_heads = n
+        self.sizes = (n * d, n * d, n * d)
+        if self.position_bias is not None:
+            self.position_bias = nn.Parameter(self.position_bias[keep].clone())
 
     def attend(self, q, k, v, mask, causal: bool, need_weights: bool):
         p = self.dropout if self.training else 0.0
@@ -164,6 +209,8 @@ class TalkingHeadsAttention(Attention):
     tensors are J, W and U (the n·m·(h_K + h + h_V) activation term); the mixes are single
     matmuls over the head axis on contiguous views, with no transposed copies."""
 
+    variant = "talking_heads"
+
     def __init__(self, d_model: int, heads: int, head_dim: int, dropout: float = 0.0,
                  heads_k: int | None = None, heads_v: int | None = None, relative: int = 0):
         heads_k, heads_v = heads_k or heads, heads_v or heads
@@ -171,34 +218,37 @@ class TalkingHeadsAttention(Attention):
                          v_heads=heads_v, out_heads=heads_v, relative=relative)
         self.logits_mix = nn.Parameter(_mix_init(heads_k, heads))  # P_l [h_K, h]
         self.weights_mix = nn.Parameter(_mix_init(heads, heads_v))  # P_w [h, h_V]
-        self.mixed_weights: Tensor | None = None  # U of the last forward with need_weights
-        # multipliers of the query/key heads' logits J [h_K] and of the softmax heads' weights
-        # W [h] before their mixes (importance ξ per head kind: heads_lab.heads); None = ones.
-        # The value heads' multiplier is Attention.head_gate, as for every variant.
-        self.qk_gate: Tensor | None = None
-        self.softmax_gate: Tensor | None = None
+
+    def mix_parameters(self) -> list[nn.Parameter]:
+        return [self.logits_mix, self.weights_mix]
+
+    def kinds(self) -> dict[str, int]:
+        return {"qk": self.q_heads, "softmax": self.heads, "value": self.v_heads}
+
+    @classmethod
+    def from_config(cls, cfg, site: str) -> TalkingHeadsAttention:
+        return cls(cfg.d_model, cfg.heads, cfg.d_head, cfg.attention_dropout, cfg.heads_k,
+                   cfg.heads_v, cfg.relative_positions if SITE[site].self_attention else 0)
 
     def attend(self, q, k, v, mask, causal: bool, need_weights: bool):
         b, h_k, n, _ = q.shape
         m = k.shape[2]
         h, h_v = self.heads, self.v_heads
         j = torch.matmul(q * self.head_dim**-0.5, k.transpose(-2, -1))  # J [batch, h_K, n, m]
-        if self.qk_gate is not None:
-            j = j * self.qk_gate.to(j.dtype).view(1, -1, 1, 1)
-        logits = torch.matmul(self.logits_mix.t(), j.reshape(b, h_k, n * m)).view(b, h, n, m)  # L
+        logits = torch.matmul(self.logits_mix.t(), j.view(b, h_k, n * m)).view(b, h, n, m)  # L
         rel = self.relative_bias(n, m)
         if rel is not None:  # per softmax head, after the mix
             logits = logits + rel
         weights = _masked_softmax(logits, mask, causal, inplace=True)  # W [batch, h, n, m]
-        gated = (weights if self.softmax_gate is None
-                 else weights * self.softmax_gate.to(weights.dtype).view(1, -1, 1, 1))
-        mixed = torch.matmul(self.weights_mix.t(), gated.reshape(b, h, n * m)).view(b, h_v, n, m)
+        mixed = torch.matmul(self.weights_mix.t(), weights.view(b, h, n * m)).view(b, h_v, n, m)
         p = self.dropout if self.training else 0.0
         o = torch.matmul(dropout(mixed, p, True), v)  # O [batch, h_V, n, head_dim]
-        if need_weights:
-            self.mixed_weights = mixed
-            return o, weights
-        return o, None
+        return o, weights if need_weights else None
+
+
+# each variant of heads_lab.variants by name: its module
+MODULES: dict[str, type[Attention]] = {"mha": MultiHeadAttention,
+                                       "talking_heads": TalkingHeadsAttention}
 
 
 def _mix_init(rows: int, cols: int) -> Tensor:

@@ -3,22 +3,20 @@ source/target vocabulary whose embedding is also the output projection, pre- or 
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from heads_lab.config import ModelConfig, Norm
-from heads_lab.model.attention import (
-    Attention,
-    KVCache,
-    MultiHeadAttention,
-    TalkingHeadsAttention,
-)
+from heads_lab.model.attention import MODULES, Attention, KVCache
 from heads_lab.model.dropout import dropout
 from heads_lab.model.loss import label_smoothed_loss, output_loss
+from heads_lab.schemas import ModelConfig, Norm
+from heads_lab.variants import variant
 
 
 def sinusoids(length: int, dim: int) -> Tensor:
@@ -54,26 +52,18 @@ class Residual(nn.Module):
         self.pre = cfg.norm == Norm.pre
         self.dropout = cfg.dropout
         self.omega = nn.Parameter(torch.ones(cfg.d_model)) if cfg.init == "admin" else None
-        self.profile: list[float] | None = None  # admin_init collects Var[f(x)] here
 
     def forward(self, x: Tensor, f) -> Tensor:
         if self.pre:
             return x + dropout(f(self.norm(x)), self.dropout, self.training)
         out = f(x)
-        if self.profile is not None:
-            self.profile.append(out.float().var().item())
         skip = x * self.omega if self.omega is not None else x
         return self.norm(skip + dropout(out, self.dropout, self.training))
 
 
 def _attention(cfg: ModelConfig, site: str) -> Attention:
-    """The attention module for `site` (enc-self, dec-self or dec-enc)."""
-    relative = cfg.relative_positions if site != "dec-enc" else 0
-    if cfg.is_talking(site):
-        return TalkingHeadsAttention(cfg.d_model, cfg.heads, cfg.d_head, cfg.attention_dropout,
-                                     cfg.heads_k, cfg.heads_v, relative)
-    return MultiHeadAttention(cfg.d_model, cfg.heads, cfg.d_head, cfg.attention_dropout,
-                              cfg.kv_heads, relative)
+    """The attention module for `site` (enc-self, dec-self or dec-enc): its variant's module."""
+    return MODULES[variant(cfg, site).name].from_config(cfg, site)
 
 
 class EncoderLayer(nn.Module):
@@ -81,12 +71,11 @@ class EncoderLayer(nn.Module):
         super().__init__()
         self.self_attn, self.ffn = _attention(cfg, "enc-self"), FeedForward(cfg)
         self.res_self, self.res_ffn = Residual(cfg), Residual(cfg)
-        self.weights: Tensor | None = None  # set when the model records attention
 
     def forward(self, x: Tensor, mask: Tensor, need_weights: bool = False) -> Tensor:
+        # with need_weights each attention module returns its maps (heads.recording keeps them)
         def attn(h):
-            y, self.weights = self.self_attn(h, mask=mask, need_weights=need_weights)
-            return y
+            return self.self_attn(h, mask=mask, need_weights=need_weights)[0]
 
         return self.res_ffn(self.res_self(x, attn), self.ffn)
 
@@ -97,23 +86,28 @@ class DecoderLayer(nn.Module):
         self.self_attn, self.cross_attn = _attention(cfg, "dec-self"), _attention(cfg, "dec-enc")
         self.ffn = FeedForward(cfg)
         self.res_self, self.res_cross, self.res_ffn = Residual(cfg), Residual(cfg), Residual(cfg)
-        self.self_weights: Tensor | None = None
-        self.cross_weights: Tensor | None = None
 
     def forward(self, y, memory, memory_mask, need_weights=False, cache: dict | None = None):
         def self_attn(h):
-            out, self.self_weights = self.self_attn(
-                h, causal=True, need_weights=need_weights, cache=cache and cache["self"]
-            )
-            return out
+            return self.self_attn(h, causal=True, need_weights=need_weights,
+                                  cache=cache and cache["self"])[0]
 
         def cross_attn(h):
-            out, self.cross_weights = self.cross_attn(
-                h, memory, memory_mask, need_weights=need_weights, cache=cache and cache["cross"]
-            )
-            return out
+            return self.cross_attn(h, memory, memory_mask, need_weights=need_weights,
+                                   cache=cache and cache["cross"])[0]
 
         return self.res_ffn(self.res_cross(self.res_self(y, self_attn), cross_attn), self.ffn)
+
+
+@contextlib.contextmanager
+def evaluating(model: nn.Module) -> Iterator[nn.Module]:
+    """The model in eval mode within the block, in the mode it was in after it."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
 
 
 @dataclass
@@ -139,7 +133,6 @@ class Transformer(nn.Module):
         pre = cfg.norm == Norm.pre  # pre-norm needs a final LayerNorm on each stack
         self.encoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
         self.decoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
-        self.gates: nn.Module | None = None  # Hard Concrete head gates (heads_lab.heads)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -160,8 +153,6 @@ class Transformer(nn.Module):
 
     def encode(self, src: Tensor, need_weights: bool = False) -> Encoded:
         mask = (src != self.pad_id)[:, None, None, :]  # [batch, 1, 1, src], built once per batch
-        if self.gates is not None:  # one gate sample per batch (train) or the 0/1 gates (eval)
-            self.gates.set_gates(self.training)
         x = self.embed_tokens(src)
         for layer in self.encoder:
             x = layer(x, mask, need_weights)
@@ -195,14 +186,6 @@ class Transformer(nn.Module):
         hidden = self.decode(tgt_in, self.encode(src))
         return hidden if hidden_only else self.logits(hidden)
 
-    def attention_weights(self) -> dict[str, list[Tensor | None]]:
-        """Per-head weights of the last forward run with need_weights=True, per attention type."""
-        return {
-            "enc-self": [layer.weights for layer in self.encoder],
-            "dec-self": [layer.self_weights for layer in self.decoder],
-            "dec-enc": [layer.cross_weights for layer in self.decoder],
-        }
-
 
 def count_parameters(model: Transformer) -> dict[str, int]:
     """Parameters by part: total, embeddings (shared with the output layer), attention (including
@@ -213,8 +196,8 @@ def count_parameters(model: Transformer) -> dict[str, int]:
     for part, kind in parts.items():
         counts[part] = sum(p.numel() for m in model.modules() if isinstance(m, kind)
                            for p in m.parameters())
-    counts["talking_heads"] = sum(m.logits_mix.numel() + m.weights_mix.numel()
-                                  for m in model.modules() if isinstance(m, TalkingHeadsAttention))
+    counts["talking_heads"] = sum(p.numel() for m in model.modules() if isinstance(m, Attention)
+                                  for p in m.mix_parameters())
     return counts
 
 
@@ -231,21 +214,28 @@ def admin_init(model: Transformer, src: Tensor, tgt_in: Tensor) -> list[float]:
                                                        layer.res_ffn)]]
     if any(r.omega is None for stack in stacks for r in stack):
         raise ValueError("admin_init needs a model built with model.init=admin")
-    was_training = model.training
-    model.eval()
-    for stack in stacks:
-        for r in stack:
-            r.profile = []
-    inputs = [model.embed_tokens(src).float().var().item(),
-              model.embed_tokens(tgt_in).float().var().item()]
-    model.decode(tgt_in, model.encode(src))
+    branches = [[f for layer in model.encoder for f in (layer.self_attn, layer.ffn)],
+                [f for layer in model.decoder for f in (layer.self_attn, layer.cross_attn,
+                                                        layer.ffn)]]
+    variances: dict[int, float] = {}  # Var[f_i(x)] of each residual branch, by module
+
+    def record(module, _, output):
+        out = output[0] if isinstance(output, tuple) else output  # attention: (y, maps)
+        variances[id(module)] = out.float().var().item()
+
+    handles = [f.register_forward_hook(record) for stack in branches for f in stack]
+    try:
+        with evaluating(model):
+            inputs = [model.embed_tokens(src).float().var().item(),
+                      model.embed_tokens(tgt_in).float().var().item()]
+            model.decode(tgt_in, model.encode(src))
+    finally:
+        for handle in handles:
+            handle.remove()
     omegas = []
-    for stack, total in zip(stacks, inputs):
-        for r in stack:
-            (variance,) = r.profile
+    for stack, fs, total in zip(stacks, branches, inputs):
+        for r, f in zip(stack, fs):
             r.omega.fill_(math.sqrt(total))
             omegas.append(math.sqrt(total))
-            total += variance
-            r.profile = None
-    model.train(was_training)
+            total += variances[id(f)]
     return omegas

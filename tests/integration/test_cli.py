@@ -58,6 +58,14 @@ def test_train_help_shows_hydra_config_groups(tmp_path):
     for text in ("heads-lab train", "model: base, small, tiny, transformer_base", "logger: none, wandb",
                  "heads: 4"):
         assert text in proc.stdout, text
+    # every key with its value and its help, for the config the overrides compose
+    keys = heads_lab("train", "model=tiny", "trainer.precision=bf16", "--help", cwd=tmp_path).stdout
+    for text in ("model.d_model = 64  # model width",
+                 "trainer.precision = bf16  # fp32 | bf16",
+                 "data.tokenizer = bpe  # SentencePiece model type: bpe | unigram",
+                 "trainer.resume = auto  # auto: continue from the newest valid checkpoint",
+                 "model.norm = pre  # pre (LN inside the residual branch)"):
+        assert text in keys, text
 
 
 def test_train_writes_results_with_finite_ppl_and_bleu(tiny_run_dir):

@@ -51,7 +51,8 @@ def test_train_on_local_files_reports_cleaning_counts(tmp_path):
     (None, ["data=local", "data.root=/does/not/exist"], ["train file is missing", "/does/not/exist"]),
     (None, ["data=multi30k", "data.root=/nowhere", "data.tgt=cs"], ["Multi30k files", "/nowhere"]),
     (None, ["eval.sacrebleu_test=wmt99"], ["'wmt99' is not a sacrebleu test set"]),
-    (None, ["data.cleaning.on_decode_error=ignore"], ["data.cleaning.on_decode_error='ignore'"]),
+    (None, ["data.cleaning.on_decode_error=ignore"],
+         ["data.cleaning.on_decode_error=ignore", "expected one of [error, skip]"]),
 ])
 def test_bad_data_input_is_one_line(tmp_path, setup, args, fragments):
     root = _corpus(tmp_path / "c")

@@ -58,9 +58,21 @@ def test_unknown_key_fails_when_composing(override):
     assert override.split("=")[0] in str(err.value)
 
 
-def test_enum_values_are_checked_when_composing():
-    with pytest.raises(ConfigCompositionException):
-        compose(["model.norm=middle"])
+@pytest.mark.parametrize("override, choices", [
+    ("model.norm=middle", "[pre, post]"), ("trainer.precision=fp16", "[fp32, bf16]"),
+    ("trainer.resume=maybe", "[auto, never]"), ("data.tokenizer=wordpiece", "[bpe, unigram]"),
+    ("analysis.split=dev", "[train, valid, test]"), ("eval.split=train", "[valid, test]"),
+    ("prune.method=random", "[importance, gates]"), ("prune.gate_eval=soft", "[voita, binary]"),
+    ("model.init=kaiming", "[xavier, admin]"),
+])
+def test_choices_are_checked_when_composing_and_name_the_choices(override, choices):
+    from heads_lab.errors import one_line
+
+    with pytest.raises(ConfigCompositionException) as err:
+        compose([override])
+    line = one_line(err.value)
+    assert f"bad value in override {override}" in line and choices in line
+    assert "\n" not in line
 
 
 @pytest.mark.parametrize("overrides,message", [
@@ -73,7 +85,6 @@ def test_enum_values_are_checked_when_composing():
     (["trainer.max_tokens=64"], "trainer.max_tokens=64 is smaller than the longest allowed"),
     (["data.p_plural=1.5"], "data.p_plural=1.5 must be a probability"),
     (["trainer.device=tpu"], "trainer.device='tpu' is not a device"),
-    (["trainer.precision=fp16"], "trainer.precision='fp16': use fp32 or bf16"),
     (["model.kv_heads=3"], "model.heads=4 is not a multiple of model.kv_heads=3"),
     (["model.kv_heads=0"], "model.kv_heads=0 must be a positive integer"),
     (["model.relative_positions=-1"], "model.relative_positions=-1 must be 0 (off) or the largest"),

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from heads_lab.config import ModelConfig
+from heads_lab.device import autocast
 from heads_lab.model import MultiHeadAttention, Transformer
 from heads_lab.model.dropout import dropout, keep_mask
-from heads_lab.train import autocast
 
 CPU = torch.device("cpu")
 

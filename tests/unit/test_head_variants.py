@@ -88,11 +88,12 @@ def test_talking_heads_equal_float64_einsum_of_the_formulas(case):
     y_ref, w_ref, u_ref = _einsum_reference(att, x, memory, keep)
     torch.testing.assert_close(y, y_ref)
     torch.testing.assert_close(w, w_ref)  # W: the softmax heads
-    torch.testing.assert_close(att.mixed_weights, u_ref)  # U: the mixed weights actually used
+    u = torch.einsum("bhnm,hv->bvnm", w, att.weights_mix)  # U = W · P_w from the maps returned
+    torch.testing.assert_close(u, u_ref)  # U: the mixed weights (y above equals U's output)
     torch.testing.assert_close(w.sum(-1), torch.ones_like(w.sum(-1)))
-    assert not torch.allclose(att.mixed_weights.sum(-1), torch.ones(2, hv, 5, dtype=torch.float64))
-    masked = ~keep[:, None].expand_as(att.mixed_weights)
-    assert torch.all(att.mixed_weights[masked] == 0)  # masked keys: zero weight after mixing too
+    assert not torch.allclose(u.sum(-1), torch.ones(2, hv, 5, dtype=torch.float64))
+    masked = ~keep[:, None].expand_as(u)
+    assert torch.all(u[masked] == 0)  # masked keys: zero weight after mixing too
     y_fast, _ = att(x, None if case != "cross" else memory, mask=None if case == "causal-self"
                     else mask, causal=case == "causal-self")
     torch.testing.assert_close(y_fast, y_ref)

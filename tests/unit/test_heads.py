@@ -17,19 +17,21 @@ from heads_lab.errors import ConfigError
 from heads_lab.heads import (
     HardConcreteGates,
     apply_kept,
+    attach_gates,
     attention_modules,
-    config_head_counts,
     count_heads,
     fold_gates,
     format_heads,
+    gates_of,
+    head_counts,
     head_kinds,
-    mask_heads,
+    masked,
     parse_head_mask,
     remove_heads,
-    set_kind_gate,
 )
 from heads_lab.model import Transformer
 from heads_lab.train import adam
+from heads_lab.variants import out_heads
 
 VOCAB = 40
 
@@ -49,8 +51,7 @@ def _batch(seed: int = 1, b: int = 3, s: int = 7, t: int = 6):
 
 
 def test_parse_head_mask_and_its_errors():
-    counts = config_head_counts(ModelConfig(d_model=32, heads=4, encoder_layers=2,
-                                            decoder_layers=3))
+    counts = out_heads(ModelConfig(d_model=32, heads=4, encoder_layers=2, decoder_layers=3))
     spec = parse_head_mask("enc:0:3,dec-enc:2:*+dec:1:0", counts)
     assert spec == {("enc-self", 0): [3], ("dec-enc", 2): [0, 1, 2, 3], ("dec-self", 1): [0]}
     assert parse_head_mask(format_heads(spec), counts) == spec
@@ -69,15 +70,14 @@ def test_masking_heads_equals_removing_them(spec, relative):
             if module.position_bias is not None:
                 module.position_bias.normal_()
     src, tgt = _batch()
-    heads = parse_head_mask(spec, attention_modules(model))
-    masked = copy.deepcopy(model)
-    mask_heads(masked, heads)
+    heads = parse_head_mask(spec, head_counts(model))
     removed = copy.deepcopy(model)
     before = sum(p.numel() for p in removed.parameters())
     kept = remove_heads(removed, heads)
     with torch.no_grad():
-        want, got = masked(src, tgt), removed(src, tgt)
-        full = model(src, tgt)
+        with masked(model, heads):
+            want = model(src, tgt)
+        got, full = removed(src, tgt), model(src, tgt)  # the mask left with the block
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert not torch.allclose(full, want, atol=1e-4)  # the mask did change the function
     n = sum(len(v) for v in heads.values())
@@ -100,8 +100,7 @@ def test_removal_refuses_shared_or_mixed_heads():
         model = _model(**kw)
         with pytest.raises(ConfigError, match="mask them instead"):
             remove_heads(model, {("enc-self", 0): [1]})
-        mask_heads(model, {("enc-self", 0): [1]})  # masking works for every variant
-        with torch.no_grad():
+        with torch.no_grad(), masked(model, {("enc-self", 0): [1]}):  # every variant masks
             assert torch.isfinite(model(*_batch())).all()
 
 
@@ -136,23 +135,29 @@ def test_importance_of_every_kind_equals_a_finite_difference_of_the_loss(kw, kin
     modules = attention_modules(model)
     assert {k: head_kinds(m) for k, m in modules.items()} == dict.fromkeys(modules, kinds)
     assert set(got) == {(site, layer, kind) for (site, layer) in modules for kind in kinds}
-    for m in modules.values():  # left clean
-        assert m.head_gate is None and getattr(m, "qk_gate", None) is None
-        assert getattr(m, "softmax_gate", None) is None
+    assert not any(m._forward_pre_hooks or m._forward_hooks for m in model.modules())  # clean
+    assert all(p.requires_grad for p in model.parameters())
     from heads_lab.data import collate
 
     batch = collate(split, np.arange(3))
     keep = batch.tgt_out != 0
 
     def loss(key, kind, h, value) -> float:
-        gate = torch.ones(kinds[kind], dtype=torch.float64)
-        gate[h] = value
-        set_kind_gate(modules[key], kind, gate)
+        """The loss with head h of `kind` scaled by `value`, written out on the weights: an
+        output head's columns of out_proj, a query/key head's row of P_l (J's head before the
+        mix), a softmax head's row of P_w (W's head before the mix)."""
+        module = modules[key]
+        weight, index = {"qk": (getattr(module, "logits_mix", None), h),
+                         "softmax": (getattr(module, "weights_mix", None), h)}.get(
+            kind, (module.out_proj.weight, (slice(None), slice(h * module.head_dim,
+                                                               (h + 1) * module.head_dim))))
+        saved = weight.detach().clone()
         with torch.no_grad():
+            weight[index] *= value
             hidden = model.decode(batch.tgt_in, model.encode(batch.src))[keep]
             out = torch.nn.functional.cross_entropy(model.logits(hidden),
                                                     batch.tgt_out[keep]).item()
-        set_kind_gate(modules[key], kind, None)
+            weight.copy_(saved)
         return out
 
     eps = 1e-5
@@ -218,22 +223,23 @@ def test_test_time_gates_follow_the_closed_form_of_each_rule(gamma, zeta):
     # Voita et al.'s start, log α = 0: every head alive at ẑ = 0.5 (voita), none (binary)
     for rule, kept in (("voita", 0.5 * (zeta - gamma) + gamma), ("binary", 0.0)):
         gates = HardConcreteGates(_model(), stretch=(gamma, zeta), init_keep=0.5, rule=rule)
-        assert all(float(v) == 0.0 for p in gates.log_alpha.values() for v in p)
+        assert all(float(v) == 0.0 for p in gates.log_alpha.values() for v in p.detach())
         assert all(g.tolist() == pytest.approx([kept] * 4) for g in gates.test_gates().values())
 
 
 @pytest.mark.parametrize("rule", ["voita", "binary"])
 def test_folding_the_gates_then_removing_closed_heads_keeps_the_gated_function(rule):
     model = _model(seed=3)
-    model.gates = HardConcreteGates(model, rule=rule)
+    gates = attach_gates(model, HardConcreteGates(model, rule=rule))
     with torch.no_grad():  # some heads closed under both rules, others at partial ẑ
-        for i, p in enumerate(model.gates.log_alpha.values()):
+        for i, p in enumerate(gates.log_alpha.values()):
             p.copy_(torch.tensor([-3.0, -1.0, 0.5, 3.0])[torch.arange(4).roll(i)])
     src, tgt = _batch()
     with torch.no_grad():
         gated = model(src, tgt)  # eval mode: the test-time gates on every module
     closed = fold_gates(model)
-    assert model.gates is None and closed == {k: sorted(v) for k, v in closed.items()}
+    assert gates_of(model) is None and closed == {k: sorted(v) for k, v in closed.items()}
+    assert not any(m._forward_pre_hooks for m in model.modules())  # the gates' hooks went too
     assert sum(map(len, closed.values())) == (6 if rule == "voita" else 12)  # 1 or 2 of 4
     remove_heads(model, closed)
     with torch.no_grad():
@@ -244,39 +250,46 @@ def test_folding_the_gates_then_removing_closed_heads_keeps_the_gated_function(r
 @pytest.mark.parametrize("l0_lambda, closed", [(20.0, True), (0.0, False)])
 def test_gates_close_on_a_toy_problem_with_a_large_l0_weight(l0_lambda, closed, rule):
     model = _model().train()
-    model.gates = HardConcreteGates(model, l0_lambda=l0_lambda, lr=0.1, rule=rule)
-    opt = adam(model, 1e-3, (0.9, 0.98), 1e-9)
+    gates = attach_gates(model, HardConcreteGates(model, l0_lambda=l0_lambda, lr=0.1, rule=rule))
+    opt = adam(model, 1e-3, (0.9, 0.98), 1e-9, extra=gates)
     src, tgt = _batch()
     torch.manual_seed(0)
     for _ in range(60):
         logits = model(src, tgt)
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tgt.flatten())
-        (loss + model.gates.l0_lambda * model.gates.penalty()).backward()
+        (loss + gates.loss()).backward()
         opt.step()
         opt.zero_grad()
-    test = model.gates.test_gates()
+    test = gates.test_gates()
     open_heads = sum(int((g > 0).sum()) for g in test.values())
-    assert open_heads == (0 if closed else 24)
-    model.eval()
+    assert open_heads == (0 if closed else 24) == gates.metrics()["train/heads_open"]
+    model.eval()  # eval mode: the first module's head outputs scaled by its test-time gate
+    first = attention_modules(model)[("enc-self", 0)]
+    seen = []
+    first.out_proj.register_forward_pre_hook(lambda _, inputs: seen.append(inputs[0]))
     with torch.no_grad():
-        model(src, tgt)  # eval mode: the test-time gates are on every module
-    for key, module in attention_modules(model).items():
-        torch.testing.assert_close(module.head_gate, test[key])
-        if rule == "binary":
-            assert set(module.head_gate.tolist()) <= {0.0, 1.0}
+        model(src, tgt)
+        with gates.suspended():
+            model(src, tgt)
+    gated, plain = seen  # the recorder runs after the gates' own pre-hook
+    scale = test[("enc-self", 0)].repeat_interleave(first.head_dim)
+    torch.testing.assert_close(gated, plain * scale)
+    if rule == "binary":
+        assert set(test[("enc-self", 0)].tolist()) <= {0.0, 1.0}
 
 
 def test_relative_position_biases_and_gates_get_their_own_learning_rates():
     """Adam's first step moves every parameter with a gradient by about its group's lr."""
     model = _model(relative_positions=2).train()
-    model.gates = HardConcreteGates(model, l0_lambda=0.1, lr=0.1)
-    opt = adam(model, 1e-3, (0.9, 0.98), 1e-9, weight_decay=0.01, position_bias_lr=0.05)
+    gates = attach_gates(model, HardConcreteGates(model, l0_lambda=0.1, lr=0.1))
+    opt = adam(model, 1e-3, (0.9, 0.98), 1e-9, weight_decay=0.01, position_bias_lr=0.05,
+               extra=gates)
     biases = [m.position_bias for m in attention_modules(model).values()
               if m.position_bias is not None]
     assert len(biases) == 4  # enc-self and dec-self, 2 layers each; cross-attention has none
     lrs = {id(p): g["lr"] for g in opt.param_groups for p in g["params"]}
     assert all(lrs[id(b)] == 0.05 for b in biases)
-    assert all(lrs[id(p)] == 0.1 for p in model.gates.parameters())
+    assert all(lrs[id(p)] == 0.1 for p in gates.parameters())
     assert sorted(set(lrs.values())) == [1e-3, 0.05, 0.1]
     assert len(lrs) == sum(1 for _ in model.parameters())  # every parameter in one group
     src, tgt = _batch()

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from heads_lab.config import ModelConfig, Norm
+from heads_lab.heads import recording
 from heads_lab.model import Transformer, label_smoothed_loss, output_loss
 
 V = 40
@@ -93,14 +94,19 @@ def test_label_smoothed_loss_keeps_the_logits_dtype_for_the_gradient():
     torch.testing.assert_close(logits.grad.float(), up.grad, atol=1e-2, rtol=1e-2)
 
 
-def test_attention_weights_per_head_are_distributions():
+def test_recorded_attention_weights_per_head_are_distributions():
     model = _model(heads=4)
     src = torch.randint(4, V, (2, 6))
     src[0, 3:] = 0
     tgt = torch.randint(4, V, (2, 5))
-    enc = model.encode(src, need_weights=True)
-    model.decode(tgt, enc, need_weights=True)
-    weights = model.attention_weights()
+    with recording(model) as maps:
+        enc = model.encode(src, need_weights=True)
+        model.decode(tgt, enc, need_weights=True)
+        model.decode(tgt, enc)  # a call without need_weights keeps the maps recorded
+    assert not any(m._forward_hooks for m in model.modules())  # the hooks left with the block
+    weights: dict[str, list] = {}
+    for (site, _), w in maps.items():
+        weights.setdefault(site, []).append(w)
     assert set(weights) == {"enc-self", "dec-self", "dec-enc"}
     for per_layer in weights.values():
         assert len(per_layer) == 2
@@ -140,7 +146,7 @@ def test_fused_output_loss_matches_logits_then_cross_entropy_in_float64(chunk):
 
 def test_model_loss_trains_through_the_fused_path_like_the_plain_one_under_bf16():
     """Model.loss (fused, chunked) against logits + label_smoothed_loss, fp32 and bf16."""
-    from heads_lab.train import autocast
+    from heads_lab.device import autocast
 
     torch.manual_seed(4)
     model = _model(heads=4).float()

@@ -98,18 +98,18 @@ def test_bf16_training_follows_the_fp32_loss_curve():
 
 
 def test_bf16_is_refused_on_a_cpu_without_native_bf16(monkeypatch):
-    import heads_lab.train as train_module
+    import heads_lab.device as device
     from heads_lab.errors import ConfigError
 
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
-    monkeypatch.setattr(train_module, "native_bf16", lambda: False)
+    monkeypatch.setattr(device, "native_bf16", lambda: False)
     with pytest.raises(ConfigError, match="no native bf16 .* add trainer.precision=fp32"):
-        train_module.check_precision(cpu, "bf16")
-    train_module.check_precision(cpu, "fp32")
-    train_module.check_precision(gpu, "bf16")  # GPUs multiply bf16 natively
-    monkeypatch.setattr(train_module, "native_bf16", lambda: True)
-    train_module.check_precision(cpu, "bf16")
+        device.check_precision(cpu, "bf16")
+    device.check_precision(cpu, "fp32")
+    device.check_precision(gpu, "bf16")  # GPUs multiply bf16 natively
+    monkeypatch.setattr(device, "native_bf16", lambda: True)
+    device.check_precision(cpu, "bf16")
     # the probe itself answers from PyTorch's own CPU feature checks
     monkeypatch.undo()
-    assert train_module.native_bf16() == (torch.cpu._is_avx512_bf16_supported()
+    assert device.native_bf16() == (torch.cpu._is_avx512_bf16_supported()
                                           or torch.cpu._is_amx_tile_supported())

@@ -1,0 +1,93 @@
+"""Every fixed set of choices in the config, as enums: a typo fails when the config is
+composed, with the choices named. `Choice` values also compare, format and serialise as their
+strings (`precision == "bf16"`)."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Choice(str, Enum):
+    """A config value out of a fixed set (a typo fails when the config is composed, naming the
+    choices). It compares, hashes, formats and serialises as its string: `precision == "bf16"`."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+class Precision(Choice):
+    fp32 = "fp32"
+    bf16 = "bf16"  # autocast: bf16 matmuls, fp32 weights, optimizer and loss
+
+
+class Resume(Choice):
+    auto = "auto"  # continue from the newest valid checkpoint in the run dir
+    never = "never"
+
+
+class Init(Choice):
+    xavier = "xavier"
+    admin = "admin"  # Liu et al. 2020, post-norm: x = LN(ω⊙x + f(x)), ω from a profiling pass
+
+
+class Tokenizer(Choice):
+    bpe = "bpe"
+    unigram = "unigram"
+
+
+class NormalForm(Choice):
+    NFC = "NFC"
+    NFKC = "NFKC"
+    NFD = "NFD"
+    NFKD = "NFKD"
+    none = "none"
+
+
+class OnDecodeError(Choice):
+    error = "error"
+    skip = "skip"
+
+
+class FileFormat(Choice):
+    text = "text"  # one file per split and side
+    tsv = "tsv"  # one file per split, source<TAB>target
+
+
+class SplitName(Choice):
+    train = "train"
+    valid = "valid"
+    test = "test"
+
+
+class EvalSplit(Choice):
+    valid = "valid"
+    test = "test"
+
+
+class PruneMethod(Choice):
+    importance = "importance"  # Michel et al. 2019
+    gates = "gates"  # Voita et al. 2019
+
+
+class GateRule(Choice):
+    voita = "voita"  # alive iff ẑ > 0, output × ẑ (Voita et al.'s code)
+    binary = "binary"  # alive iff ẑ > 0.5, output × 1
+
+
+class Norm(Enum):
+    pre = "pre"  # LN(x) inside the residual branch (stable without long warm-up)
+    post = "post"  # LN(x + f(x)), as in Vaswani et al. 2017
+
+
+class Activation(Enum):
+    relu = "relu"
+    gelu = "gelu"
+
+
+class WandbMode(Enum):
+    online = "online"
+    offline = "offline"
+    disabled = "disabled"

@@ -1,0 +1,37 @@
+"""Where a run computes: the device, and its precision (bf16 autocast where the hardware has
+native bf16)."""
+
+from __future__ import annotations
+
+import torch
+
+from heads_lab.errors import ConfigError
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 matrices in hardware (AVX512-BF16 or AMX). Without,
+    PyTorch's CPU bf16 matmuls are emulated: a 512² matmul took 454 ms in bf16 against 11 ms in
+    fp32 on an AVX2 EPYC, so a bf16 run would take tens of times longer than fp32."""
+    cpu = torch.cpu
+    return any(getattr(cpu, name, lambda: False)()
+               for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+
+
+def check_precision(device: torch.device, precision: str) -> None:
+    """Refuse bf16 on a CPU without native bf16, in one line naming the fix."""
+    if precision == "bf16" and device.type == "cpu" and not native_bf16():
+        raise ConfigError("trainer.precision=bf16: this CPU has no native bf16 (AVX512-BF16 or "
+                          "AMX), so bf16 matrix products are emulated, tens of times slower than "
+                          "fp32; add trainer.precision=fp32 (or run on a GPU or a CPU with bf16)")
+
+
+def autocast(device: torch.device, precision: str):
+    """bf16 autocast for `precision=bf16` (matmuls in bf16, weights, optimizer and loss in fp32),
+    a no-op for fp32."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")

@@ -1,0 +1,32 @@
+"""The one way heads-lab writes a file: atomically (a temp file in the same dir, then a rename),
+so a reader, a crash or a concurrent sweep job never sees half of it."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def write_atomic(path: Path, data: str | bytes) -> Path:
+    """Write `data` (text as UTF-8) to `path` atomically; returns the path."""
+    path = Path(path)
+    mode = "wb" if isinstance(data, bytes) else "w"
+    kwargs = {} if isinstance(data, bytes) else {"encoding": "utf-8", "newline": ""}
+    with tempfile.NamedTemporaryFile(mode, dir=path.parent, prefix=f".{path.name}.",
+                                     suffix=".tmp", delete=False, **kwargs) as f:
+        f.write(data)
+    os.replace(f.name, path)
+    return path
+
+
+def write_json(path: Path, obj: Any) -> Path:
+    """JSON, indented, atomically."""
+    return write_atomic(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    """One line per item (a translation, a reference), atomically."""
+    return write_atomic(path, "".join(line + "\n" for line in lines))

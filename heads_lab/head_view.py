@@ -1,0 +1,101 @@
+"""The interactive head view: one self-contained HTML page (inline CSS and JavaScript from
+templates/head_view.html, the data as JSON in a <script id="heads-lab-data"> block) showing
+every layer and head of one sentence; and BertViz's own head view where bertviz is installed."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from heads_lab.files import write_atomic
+from heads_lab.sites import SITE, present
+
+DATA_ID = "heads-lab-data"  # id of the JSON block in head_view_html's page
+TEMPLATE = Path(__file__).parent / "templates" / "head_view.html"
+
+
+def _attention_arrays(attention: Mapping[str, Any], src_tokens: Sequence[str],
+                      tgt_tokens: Sequence[str]) -> dict[str, np.ndarray]:
+    """The sites' [layers, heads, n_query, n_key] arrays, checked against the tokens."""
+    tokens = {"src": list(src_tokens), "tgt": list(tgt_tokens)}
+    arrays = {}
+    for site in present(attention):
+        a = np.asarray(attention[site], dtype=float)
+        q, k = tokens[SITE[site].query], tokens[SITE[site].key]
+        expected = (len(q), len(k))
+        if a.ndim != 4 or a.shape[2:] != expected or 0 in a.shape[:2]:
+            raise ValueError(f"attention[{site!r}] has shape {a.shape}: expected [layers, heads, "
+                             f"{expected[0]}, {expected[1]}] for {SITE[site].label} with "
+                             f"{len(src_tokens)} source and {len(tgt_tokens)} target tokens")
+        if not np.isfinite(a).all():
+            raise ValueError(f"attention[{site!r}] has NaN or infinite weights")
+        arrays[site] = a
+    if not arrays:
+        raise ValueError("no attention site to show")
+    return arrays
+
+
+def head_view_html(attention: Mapping[str, Any], src_tokens: Sequence[str],
+                   tgt_tokens: Sequence[str], path: Path,
+                   title: str = "heads-lab head view") -> Path:
+    """One self-contained HTML page (no network) showing every layer and head of one sentence:
+    site and layer menus, a coloured toggle per head, query tokens left and key tokens right
+    joined by lines whose opacity is the weight; hovering a token keeps only its lines."""
+    arrays = _attention_arrays(attention, src_tokens, tgt_tokens)
+    tokens = {"src": [str(t) for t in src_tokens], "tgt": [str(t) for t in tgt_tokens]}
+    data = {
+        "title": title,
+        "src_tokens": tokens["src"],
+        "tgt_tokens": tokens["tgt"],
+        "sites": [{"name": site, "label": SITE[site].label,
+                   "queries": tokens[SITE[site].query], "keys": tokens[SITE[site].key],
+                   "weights": np.round(a, 6).tolist()} for site, a in arrays.items()],
+    }
+    # <, > and & as \u escapes: no token can close the block or start markup; JSON.parse and
+    # json.loads read them back as the characters.
+    blob = (json.dumps(data, ensure_ascii=False).replace("<", "\\u003c").replace(">", "\\u003e")
+            .replace("&", "\\u0026"))
+    fills = {"TITLE": html.escape(title), "DATA_ID": DATA_ID, "DATA": blob}
+    template = TEMPLATE.read_text(encoding="utf-8")
+    page = re.sub(r"@(TITLE|DATA_ID|DATA)@", lambda m: fills[m.group(1)], template)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, page)
+    return path
+
+
+def bertviz_head_view(attention: Mapping[str, Any], src_tokens: Sequence[str],
+                      tgt_tokens: Sequence[str], path: Path) -> Path | None:
+    """BertViz's head view (Vig 2019) written to `path`, or None when bertviz is not installed.
+    BertViz takes one layer range for all sites: with unequal depths the shallower one wins.
+    Its page loads require.js and d3 from a CDN; head_view_html needs no network."""
+    try:
+        import bertviz
+        import torch
+    except ImportError:
+        return None
+    arrays = _attention_arrays(attention, src_tokens, tgt_tokens)
+
+    def layers(site: str) -> list | None:
+        if site not in arrays:
+            return None
+        return [torch.as_tensor(layer[None], dtype=torch.float32) for layer in arrays[site]]
+
+    depth = min(a.shape[0] for a in arrays.values())
+    view = bertviz.head_view(encoder_attention=layers("enc-self"),
+                             decoder_attention=layers("dec-self"),
+                             cross_attention=layers("dec-enc"),
+                             encoder_tokens=list(src_tokens), decoder_tokens=list(tgt_tokens),
+                             include_layers=list(range(depth)), html_action="return")
+    body = getattr(view, "data", view)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text('<!DOCTYPE html>\n<html><head><meta charset="utf-8"></head><body>\n'
+                    f"{body}\n</body></html>\n", encoding="utf-8")
+    return path

@@ -1,0 +1,177 @@
+"""A trained run read back, for the commands that work on one (eval, analyze, prune): their
+shared command line, the run's config rebuilt from its dir, its model from its checkpoints (the
+newest valid one, or the last N averaged) with its corpus, and a dated output dir inside it."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from heads_lab.errors import CheckpointError, ConfigError
+
+log = logging.getLogger(__name__)
+NO_CHECKPOINTS = ("{run_dir} holds no checkpoints (checkpoints/step_*.pt); was it trained with "
+                  "trainer.save_checkpoint=false?")
+# settings every command on a trained run may change: where things are and what runs them
+COMMON = ("data.root=", "trainer.device=", "trainer.threads=", "trainer.max_tokens=", "paths.")
+
+
+@dataclass
+class Command:
+    """One command on a trained run: its name, what it changes (`scope`, `allowed` prefixes of
+    overrides), its usage line and help text, and shorthands (prune's method= for
+    prune.method=)."""
+
+    name: str
+    scope: str
+    allowed: tuple[str, ...]
+    doc: str
+    shorthands: tuple[str, ...] = ()
+    sweeps: bool = False  # -m runs one job per comma value
+
+    @property
+    def usage(self) -> str:
+        first = self.allowed[0].rstrip(".")
+        return (f"heads-lab {self.name} <run dir> {'[-m] ' if self.sweeps else ''}[{first}.KEY=VALUE "
+                "...] [data.root=DIR] [trainer.device=...]")
+
+    def parse(self, args: list[str]) -> tuple[Path, list[list[str]]] | int:
+        """(run dir, the overrides of each job), or the exit code of a help request. A setting
+        outside `allowed` is a ConfigError naming it, what may change and the usage."""
+        from heads_lab.config import expand_sweeps
+
+        if not args or args[0] in ("-h", "--help"):
+            print(f"usage: {self.usage}\n\n{self.doc}")
+            return 0 if args else 2
+        multirun = any(a in ("-m", "--multirun") for a in args[1:])
+        rest = [a for a in args[1:] if a not in ("-m", "--multirun")]
+        rest = [f"{self.allowed[0]}{a}" if a.startswith(self.shorthands) else a for a in rest]
+        bad = [o for o in rest if not o.lstrip("+").startswith(self.allowed + COMMON)]
+        if bad:
+            shown = ", ".join(a.rstrip("=") + ("*" if a.endswith(".") else "")
+                              for a in self.allowed + COMMON)
+            raise ConfigError(f"{bad[0]!r} cannot change here: heads-lab {self.name} changes "
+                              f"{self.scope} settings only; allowed: {shown} (usage: {self.usage})")
+        jobs = expand_sweeps(rest) if self.sweeps and multirun else [rest]
+        if self.sweeps and len(jobs) == 1 and len(expand_sweeps(rest)) > 1:
+            raise ConfigError("comma-separated values sweep: add -m")
+        return Path(args[0]), jobs
+
+
+def open_run(command: Command, args: list[str], average_last: int | None = 1):
+    """A single-job command's start: (run dir, overrides, the run read back), or the exit code
+    of a help request."""
+    parsed = command.parse(args)
+    if isinstance(parsed, int):
+        return parsed
+    run_dir, (overrides,) = parsed
+    return run_dir, overrides, load(run_dir, overrides, average_last)
+
+
+def compose_run(run_dir: Path, overrides: list[str]):
+    """(composed config, validated run config) of a train run dir: its saved overrides
+    (.hydra/overrides.yaml) followed by `overrides`."""
+    from heads_lab.config import compose, to_object, validate
+
+    if not run_dir.is_dir():
+        raise CheckpointError(f"no run dir {run_dir}; give the dir of a heads-lab train run")
+    saved = run_dir / ".hydra" / "overrides.yaml"
+    if not saved.is_file():
+        raise CheckpointError(f"{run_dir} is not a heads-lab run dir (no .hydra/overrides.yaml)")
+    cfg = compose(list(yaml.safe_load(saved.read_text()) or []) + overrides)
+    run = to_object(cfg)
+    validate(run)
+    return cfg, run
+
+
+@dataclass
+class Trained:
+    """A run read back: its config, the model (on its device, eval mode), corpus and device,
+    and the checkpoint files its weights came from."""
+
+    run: Any
+    config: dict[str, Any]
+    model: Any
+    corpus: Any
+    device: Any
+    checkpoints: list[str]
+
+
+def load(run_dir: Path, overrides: list[str], average_last: int | None = 1) -> Trained:
+    """The run in `run_dir` with `overrides`, its weights the newest valid checkpoint or the
+    element-wise mean of the newest `average_last` (None: the run's eval.average_last; corrupt
+    ones skipped with a warning). A
+    model trained with head gates gets them back (they decide which heads count)."""
+    import torch
+
+    from heads_lab import checkpoint
+    from heads_lab.config import cache_dir, to_dict
+    from heads_lab.data import prepare
+    from heads_lab.device import check_precision, resolve_device
+    from heads_lab.heads import install_gates
+    from heads_lab.model import Transformer
+
+    cfg, run = compose_run(run_dir, overrides)
+    average_last = run.eval.average_last if average_last is None else average_last
+    files = checkpoint.step_files(run_dir)
+    if not files:
+        raise CheckpointError(NO_CHECKPOINTS.format(run_dir=run_dir))
+    if run.trainer.threads:
+        torch.set_num_threads(run.trainer.threads)
+    device = resolve_device(run.trainer.device)
+    check_precision(device, run.trainer.precision)
+    states, used, failed = [], [], []
+    for _, path in files:  # newest first
+        if len(states) == average_last:
+            break
+        try:
+            states.append(checkpoint.load(path)["model"])
+            used.append(path.name)
+        except CheckpointError as err:
+            log.warning("skipping %s", err)
+            failed.append(path.name)
+    if not states:
+        raise CheckpointError(
+            f"{checkpoint.checkpoint_dir(run_dir)} holds no valid checkpoint ({', '.join(failed)} "
+            "failed their checks); delete that dir to start the run afresh, or use another run dir")
+    if len(states) < average_last:
+        raise CheckpointError(
+            f"eval.average_last={average_last} but {run_dir} has only {len(states)} valid "
+            f"checkpoint(s); train with trainer.keep_last >= {average_last}")
+    corpus = prepare(run.data, cache_dir(run.paths))
+    model = Transformer(run.model, len(corpus.tokenizer), corpus.tokenizer.pad)
+    if any(k.startswith("gates.") for k in states[0]):
+        install_gates(model, run.prune)
+    model.load_state_dict(average(states))
+    log.info("loaded %s", ", ".join(used))
+    return Trained(run, to_dict(cfg), model.to(device).eval(), corpus, device, used)
+
+
+def average(states: list[dict]) -> dict:
+    """The element-wise mean of model state dicts (in float64, cast back)."""
+    if len(states) == 1:
+        return states[0]
+    out = {}
+    for key, first in states[0].items():
+        if first.is_floating_point():
+            total = sum(s[key].double() for s in states)
+            out[key] = (total / len(states)).to(first.dtype)
+        else:
+            out[key] = first
+    return out
+
+
+def output_dir(run_dir: Path, kind: str, overrides: list[str], first: tuple[str, ...] = ()) -> Path:
+    """A new dir run_dir/<kind>/<date>_<time>_<overrides> (overrides starting with `first`
+    lead, so dirs of a sweep tell apart), never an existing one."""
+    label = ",".join(sorted(overrides, key=lambda o: not o.startswith(first)) if first
+                     else overrides) or "defaults"
+    safe = "".join(c if c.isalnum() or c in "=.,-_" else "-" for c in label)[:80]
+    out = run_dir / kind / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_{safe}"
+    out.mkdir(parents=True, exist_ok=False)
+    return out

@@ -1,0 +1,219 @@
+"""Hydra sweeps, as heads-lab runs them: every job composed and checked before the first one
+starts; a sweep run again into its dir skips its finished jobs (--rerun runs them again, keeping
+their results aside) and resumes the others; a finished run of another config is never
+overwritten; a job's user error is recorded (failed.json) and counted, the other jobs run."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from pathlib import Path
+
+from heads_lab.errors import one_line
+
+RERUN: list[str] = []
+SWEEP_KEYS_ENV = "HEADS_LAB_SWEEP_KEYS"
+FAILED_JOBS: list[str] = []
+FIXED_OVERRIDES: set[str] = set()  # a sweep's overrides that every job shares
+
+
+def is_multirun(overrides: list[str]) -> bool:
+    return "-m" in overrides or "--multirun" in overrides
+
+
+def refuse_finished_run_dir(overrides: list[str]) -> None:
+    """An explicit `hydra.run.dir` holding a finished run fails before Hydra writes anything
+    into it. An explicit `hydra.sweep.dir` may hold finished jobs of the same sweep (they are
+    skipped), but not a finished run of any other config."""
+    from heads_lab.errors import finished_run
+
+    sweep = is_multirun(overrides)
+    key = "hydra.sweep.dir=" if sweep else "hydra.run.dir="
+    for item in overrides:
+        if not item.startswith(key):
+            continue
+        where = Path(item.split("=", 1)[1])
+        finished = sorted(where.rglob("results.json")) if where.is_dir() else []
+        if not finished:
+            continue
+        if not sweep:
+            raise finished_run(finished[0].parent)
+        jobs = sweep_jobs(overrides) or []  # unknown (unparsable) jobs: refuse, to be safe
+        for path in finished:
+            try:
+                done = by_key(json.loads(path.read_text()).get("overrides", []))
+            except (OSError, json.JSONDecodeError):
+                done = {}
+            if done not in jobs:  # a finished job of this very sweep is skipped, not refused
+                raise finished_run(path.parent)
+
+
+def by_key(overrides: list[str]) -> dict[str, str]:
+    """Overrides as {key: value}, the last one of a key winning (as Hydra applies them)."""
+    return dict(o.split("=", 1) if "=" in o else (o, "") for o in overrides)
+
+
+def job_overrides(overrides: list[str]) -> list[list[str]]:
+    """Every job's overrides, as Hydra's basic sweeper forms them: the command line's sweeps and
+    the preset's hydra.sweeper.params (the command line wins for a key). Raises on sweep syntax
+    only Hydra's sweeper understands."""
+    from heads_lab.config import compose, expand_sweeps
+
+    plain = [o for o in overrides if not o.startswith("-")]
+    try:
+        params = compose([o for o in plain if "," not in o.split("=", 1)[-1]],
+                         hydra=True).hydra.sweeper.params or {}
+    except Exception:  # a bad fixed override: each job's own composition names it
+        params = {}
+    given = {o.split("=", 1)[0] for o in plain}
+    return expand_sweeps(plain + [f"{k}={v}" for k, v in params.items() if k not in given])
+
+
+def sweep_jobs(overrides: list[str]) -> list[dict[str, str]] | None:
+    """Every job's task overrides as {key: value} (None when they cannot be worked out)."""
+    try:
+        return [by_key([o for o in job if not o.startswith("hydra.")])
+                for job in job_overrides(overrides)]
+    except Exception:
+        return None
+
+
+def check_writable_run_dir(overrides: list[str]) -> None:
+    """An explicit run or sweep dir that cannot be created fails in one line before Hydra
+    tries (a path under a file, a read-only or full filesystem)."""
+    from heads_lab.runner import ensure_writable
+
+    for item in overrides:
+        if item.startswith(("hydra.run.dir=", "hydra.sweep.dir=")):
+            key, where = item.split("=", 1)
+            ensure_writable(Path(where), key)
+
+
+def check_sweep(overrides: list[str]) -> None:
+    """Compose and validate every job of a sweep before the first one starts: a bad value in
+    one job fails at once, in one line naming the job, and nothing runs."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from heads_lab.config import compose, to_object, validate
+    from heads_lab.errors import ConfigError, HeadsLabError
+
+    plain = [o for o in overrides if o not in ("-m", "--multirun")]
+    if any(o.startswith("-") for o in plain):
+        return  # other Hydra flags (--cfg, -c ...): leave them to Hydra
+    try:
+        jobs = job_overrides(plain)
+    except Exception:  # sweep syntax only Hydra's sweeper understands, or a composition error
+        return  # Hydra reports it itself, in one line through _one_line
+    varying = [i for i in range(len(jobs[0])) if len({job[i] for job in jobs}) > 1]
+    for job in jobs:
+        try:
+            validate(to_object(compose(job)))
+        except (HeadsLabError, HydraException, OmegaConfBaseException) as err:
+            label = ",".join(job[i] for i in varying) or " ".join(job)
+            raise ConfigError(f"sweep job {label}: {one_line(err)} (no job was run)") from None
+
+
+def finished_job(run_dir: Path, hydra_cfg) -> float | None:
+    """A sweep run again into the same dir (hydra.sweep.dir=...) skips the jobs whose results
+    are complete, so a crashed or timed-out sweep resumes where it stopped; unfinished jobs
+    resume from their checkpoints. With --rerun a finished job's results, outputs and
+    checkpoints move into <job dir>/previous-<time>/ and the job runs afresh."""
+    import time
+
+    done = run_dir / "results.json"
+    if not done.is_file():
+        return None
+    if RERUN:  # keep the earlier results: move them into previous-<time>/ in the run dir
+        aside = run_dir / f"previous-{time.strftime('%Y%m%d-%H%M%S')}"
+        aside.mkdir()
+        for item in run_dir.iterdir():
+            if item.name in ("results.json", "checkpoints", "evals", "wandb-run-id") or \
+                    item.suffix == ".txt":
+                item.rename(aside / item.name)
+        print(f"job {hydra_cfg.job.num}: earlier results moved to {aside}; running again",
+              file=sys.stderr)
+        return None
+    print(f"job {hydra_cfg.job.num} ({run_dir.name}) is already complete: skipped "
+          "(--rerun runs it again)", file=sys.stderr)
+    return json.loads(done.read_text()).get("metrics", {}).get("valid/loss")
+
+
+@contextlib.contextmanager
+def user_errors(hydra_cfg):
+    """A user error inside a job: one line on stderr. A single run exits 2 at once; in a sweep
+    the job is recorded as failed and the other jobs run (main() exits 2 at the end)."""
+    from hydra.types import RunMode
+
+    from heads_lab.errors import HeadsLabError
+    from heads_lab.train import Preempted
+
+    try:
+        yield
+    except Preempted as err:  # a stop signal: the whole command stops, resumable, not failed
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(128 + signal_number(err.signal_name)) from None
+    except HeadsLabError as err:
+        if os.environ.get("HEADS_LAB_TRACEBACK"):
+            raise
+        if hydra_cfg.mode != RunMode.MULTIRUN:
+            print(f"error: {err}", file=sys.stderr)
+            raise SystemExit(2) from None
+        varying = [o for o in hydra_cfg.overrides.task if o not in FIXED_OVERRIDES]
+        job = ",".join(varying) or str(hydra_cfg.job.num)
+        print(f"error: job {hydra_cfg.job.num} ({job}): {err}", file=sys.stderr)
+        FAILED_JOBS.append(job)
+        record_failure(Path(hydra_cfg.runtime.output_dir), str(err))
+
+
+def record_failure(run_dir: Path, error: str) -> None:
+    """A failed sweep job says so in its run dir (failed.json), for `heads-lab report`."""
+    from heads_lab.files import write_json
+
+    try:
+        write_json(run_dir / "failed.json", {"status": "failed", "error": error})
+    except OSError:
+        pass
+
+
+def signal_number(name: str) -> int:
+    import signal
+
+    try:
+        return signal.Signals[name].value
+    except KeyError:
+        return signal.SIGTERM.value
+
+
+def prepare(overrides: list[str]) -> list[str]:
+    """Before Hydra starts: read --rerun, refuse a finished run dir, check the dirs are
+    writable and every sweep job composes; the settings a sweep varies go to the environment
+    (SWEEP_KEYS_ENV), where launchers' worker processes see them (they name each job's wandb run,
+    h=8,seed=2). Returns the overrides for Hydra."""
+    RERUN[:] = ["--rerun"] if "--rerun" in overrides else []
+    overrides = [o for o in overrides if o != "--rerun"]
+    refuse_finished_run_dir(overrides)  # a sweep may hold its own finished jobs (skipped)
+    check_writable_run_dir(overrides)
+    os.environ.pop(SWEEP_KEYS_ENV, None)
+    if is_multirun(overrides):
+        check_sweep(overrides)
+        jobs = sweep_jobs(overrides)
+        if jobs:
+            keys = sorted({k for job in jobs for k in job
+                           if len({job_.get(k) for job_ in jobs}) > 1})
+            os.environ[SWEEP_KEYS_ENV] = json.dumps(keys)
+    FAILED_JOBS.clear()
+    FIXED_OVERRIDES.clear()
+    FIXED_OVERRIDES.update(o for o in overrides if "," not in o.split("=", 1)[-1])
+    return overrides
+
+
+def failures() -> int:
+    """After the sweep: its failed jobs on stderr in one line; the exit code (2 if any)."""
+    if FAILED_JOBS:
+        print(f"error: {len(FAILED_JOBS)} job(s) of the sweep failed: {'; '.join(FAILED_JOBS)}",
+              file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,61 @@
+"""The one table writer: a table is {"header": [...], "rows": [[str, ...], ...], "note": str}
+(cells already formatted), shown on the console (rich) and written as Markdown and CSV."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+from typing import Any
+
+from heads_lab.files import write_atomic
+
+Table = dict[str, Any]
+
+
+def to_rich(table: Table, title: str):
+    """A rich Table: the first column left-aligned (the row's name), the others right."""
+    from rich.table import Table as Rich
+
+    out = Rich(title=title, caption=table.get("note"), title_justify="left")
+    for i, col in enumerate(table["header"]):
+        out.add_column(col, justify="left" if i == 0 else "right", no_wrap=i == 0)
+    for row in table["rows"]:
+        out.add_row(*row)
+    return out
+
+
+def wide_console(width: int = 220):
+    """The console for tables: the terminal's, or for output that is piped or captured one
+    `width` wide, so no column is cut."""
+    from rich.console import Console
+
+    from heads_lab.tracking import console
+
+    return console if console.is_terminal else Console(width=width)
+
+
+def show(table, width: int = 220) -> None:
+    """Print a rich table (or a Table dict, untitled) in full (see wide_console)."""
+    wide_console(width).print(to_rich(table, "") if isinstance(table, dict) else table)
+
+
+def write_markdown(path: Path, table: Table, problems: list[tuple[str, str]] = ()) -> Path:
+    """A Markdown table, its note in italics below, and `problems` (dir, why) listed."""
+    lines = ["| " + " | ".join(table["header"]) + " |",
+             "|" + "|".join(["---"] + ["---:"] * (len(table["header"]) - 1)) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in table["rows"]]
+    if table.get("note"):
+        lines += ["", f"*{table['note']}*"]
+    lines.append("")
+    if problems:
+        lines += ["Not in the table:", ""] + [f"- `{d}`: {s}" for d, s in problems] + [""]
+    return write_atomic(path, "\n".join(lines))
+
+
+def write_csv(path: Path, table: Table) -> Path:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(table["header"])
+    writer.writerows(table["rows"])
+    return write_atomic(path, buffer.getvalue())

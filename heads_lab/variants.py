@@ -1,0 +1,189 @@
+"""The attention variants, each declared once (torch-free): its kinds of heads and their counts,
+parameters, FLOPs per matmul, the attention activations it keeps for backward, its label, the
+config keys that give its shape, and whether its heads can be removed. cost.py, `heads-lab
+info`, the run summary, the report, tracking and the analysis read them from here; the module
+itself is `heads_lab.model.attention.MODULES[name]` (its `attend` and `keep_heads`).
+
+Adding a variant: its module in model/attention.py, its entry here, its config fields (and
+AttentionKind value) in schemas.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BYTES_FP32 = 4
+
+
+@dataclass(frozen=True)
+class Counts:
+    """Heads projected to queries, keys and values, softmax heads, and heads into out_proj."""
+
+    q: int
+    k: int
+    v: int
+    h: int
+    out: int
+
+
+class Variant:
+    """What every variant declares; multi-head attention is the base case."""
+
+    name = ""
+    # config keys of the head shape, as (short name, key), in the order tables show them
+    shape: tuple[tuple[str, str], ...] = ()
+    map_kind = "head"  # the heads whose softmax weights (attention maps) the module returns
+    out_kind = "head"  # the heads masks, gates and removal act on (their outputs enter out_proj)
+
+    def counts(self, cfg) -> Counts:
+        raise NotImplementedError
+
+    def kinds(self, cfg) -> dict[str, int]:
+        """{kind: count} of its heads, in the order they act (heads_lab.heads.KIND_NAMES)."""
+        return {"head": self.counts(cfg).h}
+
+    def mix_params(self, cfg) -> int:
+        """Parameters beyond the projections (talking heads' mixes)."""
+        return 0
+
+    def score_flops(self, cfg, n: float, m: float) -> float:
+        """Forward matmul FLOPs between the projections: n queries over m keys."""
+        c, dk = self.counts(cfg), cfg.d_head
+        return 2 * n * m * dk * c.q + 2 * n * m * dk * c.out  # QKᵀ (per query head), weights·V
+
+    def activation_bytes(self, cfg, n: float, m: float) -> float:
+        """Bytes of [heads, n, m] tensors one layer keeps for backward per sentence pair (fp32)."""
+        raise NotImplementedError
+
+    def label(self, cfg) -> str:
+        raise NotImplementedError
+
+    def removable(self, cfg) -> bool:
+        return True
+
+    def check(self, cfg) -> str | None:
+        """What is wrong with the variant's own config fields (one line naming the key and the
+        fix), or None."""
+        return None
+
+    def bench(self, quick: bool) -> list[tuple[str, dict]]:
+        """(label, ModelConfig changes) of the rows `heads-lab bench` measures for it; its
+        bf16 row is its first row's shape."""
+        return []
+
+
+class MultiHead(Variant):
+    """Multi-head attention (Vaswani et al. 2017), with `kv_heads` shared key/value heads:
+    grouped-query, and multi-query at 1 (Shazeer 2019)."""
+
+    name = "mha"
+    shape = (("h", "model.heads"), ("kv", "model.kv_heads"))
+
+    def counts(self, cfg) -> Counts:
+        h, kv = cfg.heads, cfg.kv_heads or cfg.heads
+        return Counts(h, kv, kv, h, h)
+
+    def activation_bytes(self, cfg, n: float, m: float) -> float:
+        return 0.0  # the fused SDPA kernel keeps no n·m tensor (it recomputes in backward)
+
+    def label(self, cfg) -> str:
+        c = self.counts(cfg)
+        return f"{c.h} heads" + (f", {c.k} key/value heads" if c.k != c.h else "")
+
+    def removable(self, cfg) -> bool:
+        c = self.counts(cfg)
+        return c.k == c.q  # shared key/value heads cannot go with one query head
+
+    def check(self, cfg) -> str | None:
+        for key in ("heads_k", "heads_v"):
+            value = getattr(cfg, key)
+            if value is not None and value != cfg.heads:
+                return (f"model.{key}={value} needs model.attention=talking_heads (mha uses "
+                        "model.heads for queries, keys and values)")
+        if cfg.kv_heads is not None and cfg.heads % cfg.kv_heads:
+            divisors = [d for d in range(1, cfg.heads + 1) if cfg.heads % d == 0]
+            return (f"model.heads={cfg.heads} is not a multiple of model.kv_heads={cfg.kv_heads}: "
+                    f"kv_heads must divide heads (one of {divisors})")
+        return None
+
+    def bench(self, quick: bool) -> list[tuple[str, dict]]:
+        heads = (1, 8, 32) if quick else (1, 2, 4, 8, 16, 32)
+        return ([(f"mha h={h}", {"heads": h}) for h in heads]
+                + [("mha h=8 kv_heads=1", {"heads": 8, "kv_heads": 1})])
+
+
+class TalkingHeads(Variant):
+    """Talking-heads attention (Shazeer et al. 2020): h_K query/key heads, h softmax heads, h_V
+    value heads, mixed across heads before (P_l [h_K, h]) and after (P_w [h, h_V]) the softmax."""
+
+    name = "talking_heads"
+    shape = (("h_K", "model.heads_k"), ("h", "model.heads"), ("h_V", "model.heads_v"))
+    map_kind = "softmax"
+    out_kind = "value"
+
+    def counts(self, cfg) -> Counts:
+        hk, hv = cfg.heads_k or cfg.heads, cfg.heads_v or cfg.heads
+        return Counts(hk, hk, hv, cfg.heads, hv)
+
+    def kinds(self, cfg) -> dict[str, int]:
+        c = self.counts(cfg)
+        return {"qk": c.k, "softmax": c.h, "value": c.v}
+
+    def mix_params(self, cfg) -> int:
+        c = self.counts(cfg)
+        return c.k * c.h + c.h * c.v
+
+    def score_flops(self, cfg, n: float, m: float) -> float:
+        c = self.counts(cfg)
+        return super().score_flops(cfg, n, m) + 2 * n * m * (c.k * c.h + c.h * c.v)  # mixes
+
+    def activation_bytes(self, cfg, n: float, m: float) -> float:
+        c = self.counts(cfg)
+        return BYTES_FP32 * n * m * (c.k + c.h + c.v)  # J, W and U
+
+    def label(self, cfg) -> str:
+        c = self.counts(cfg)
+        return f"talking heads h_K {c.k}, h {c.h}, h_V {c.v}"
+
+    def removable(self, cfg) -> bool:
+        return False  # every head is mixed into every other; mask instead
+
+    def check(self, cfg) -> str | None:
+        if cfg.kv_heads is not None:
+            return (f"model.kv_heads={cfg.kv_heads} applies to model.attention=mha; talking heads "
+                    "set their key and value heads with model.heads_k and model.heads_v")
+        return None
+
+    def bench(self, quick: bool) -> list[tuple[str, dict]]:
+        return [(f"talking_heads h={h}", {"heads": h}) for h in (8, 32)]
+
+
+VARIANTS: dict[str, Variant] = {v.name: v for v in (MultiHead(), TalkingHeads())}
+
+
+def variant(cfg, site: str) -> Variant:
+    """The variant of a ModelConfig at `site` (model.attention, where model.talking_heads_in
+    names the site; multi-head attention elsewhere)."""
+    name = getattr(cfg.attention, "value", cfg.attention)
+    if name != "mha" and site not in cfg.talking_heads_in:
+        return VARIANTS["mha"]
+    return VARIANTS[name]
+
+
+def shape_keys() -> tuple[tuple[str, str], ...]:
+    """Every variant's shape keys, once each, h first then in registry order (report columns,
+    short names in run names)."""
+    seen: dict[str, str] = {"model.heads": "h"}
+    for v in VARIANTS.values():
+        for short, key in v.shape:
+            seen.setdefault(key, short)
+    return tuple((short, key) for key, short in seen.items())
+
+
+def out_heads(cfg) -> dict[tuple[str, int], int]:
+    """Heads of the out kind per (site, layer) of a ModelConfig: what head specs address, known
+    before a model exists."""
+    from heads_lab.sites import SITES, layers
+
+    return {(site, i): variant(cfg, site).counts(cfg).out for site in SITES
+            for i in range(layers(cfg, site))}
