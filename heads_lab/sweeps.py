@@ -55,6 +55,12 @@ def by_key(overrides: list[str]) -> dict[str, str]:
     return dict(o.split("=", 1) if "=" in o else (o, "") for o in overrides)
 
 
+def is_hydra_override(override: str) -> bool:
+    """`hydra.sweep.dir=...`, `hydra/launcher=local`, `+hydra.x=...`: Hydra's own settings,
+    which a job's results.json (its task overrides) never lists."""
+    return override.lstrip("+~").startswith(("hydra.", "hydra/"))
+
+
 def job_overrides(overrides: list[str]) -> list[list[str]]:
     """Every job's overrides, as Hydra's basic sweeper forms them: the command line's sweeps and
     the preset's hydra.sweeper.params (the command line wins for a key). Raises on sweep syntax
@@ -74,7 +80,7 @@ def job_overrides(overrides: list[str]) -> list[list[str]]:
 def sweep_jobs(overrides: list[str]) -> list[dict[str, str]] | None:
     """Every job's task overrides as {key: value} (None when they cannot be worked out)."""
     try:
-        return [by_key([o for o in job if not o.startswith("hydra.")])
+        return [by_key([o for o in job if not is_hydra_override(o)])
                 for job in job_overrides(overrides)]
     except Exception:
         return None

@@ -49,3 +49,13 @@ def test_run_dir_probe_survives_ranks_probing_the_same_dir_at_once(tmp_path):
     with pytest.raises(ConfigError, match="cannot write to the run dir .*a-file"):
         (tmp_path / "a-file").write_text("")
         ensure_writable(tmp_path / "a-file" / "run", "the run dir")
+
+
+def test_sweep_jobs_leave_out_hydra_settings_as_a_jobs_results_do(monkeypatch):
+    """A sweep run again with `hydra/launcher=local` must still recognise its finished jobs,
+    whose results.json lists only task overrides (this once refused the resume)."""
+    from heads_lab.sweeps import sweep_jobs
+
+    jobs = sweep_jobs(["-m", "model.heads=1,4", "hydra/launcher=local", "+hydra.launcher.n_jobs=2",
+                       "hydra.sweep.dir=/tmp/x", "seed=3"])
+    assert jobs == [{"model.heads": "1", "seed": "3"}, {"model.heads": "4", "seed": "3"}]
