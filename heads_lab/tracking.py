@@ -246,5 +246,5 @@ def cost_table(columns: list[tuple[str, Any, dict]]) -> Table:
         f"backward; decode = greedy with KV cache (×beam for beam search); at source "
         f"{first['src']:g} / target {first['tgt']:g} tokens (cost.src_len, cost.tgt_len). "
         "n·m memory: the [heads, n, m] fp32 tensors one layer keeps for backward, per sentence "
-        "pair (MHA's fused kernel keeps none).")
+        "pair, on the CPU matmul path (a GPU's fused multi-head kernel keeps none).")
     return table

@@ -84,7 +84,11 @@ class MultiHead(Variant):
         return Counts(h, kv, kv, h, h)
 
     def activation_bytes(self, cfg, n: float, m: float) -> float:
-        return 0.0  # the fused SDPA kernel keeps no n·m tensor (it recomputes in backward)
+        """The CPU matmul path (every translation length): the softmax weights, for softmax's
+        backward, and with attention dropout its mask and the dropped weights too. (GPUs run
+        the fused kernel, which keeps no n·m tensor and recomputes them in backward.)"""
+        kept = 3 if cfg.attention_dropout > 0 else 1
+        return BYTES_FP32 * n * m * self.counts(cfg).h * kept
 
     def label(self, cfg) -> str:
         c = self.counts(cfg)
@@ -138,8 +142,8 @@ class TalkingHeads(Variant):
         return super().score_flops(cfg, n, m) + 2 * n * m * (c.k * c.h + c.h * c.v)  # mixes
 
     def activation_bytes(self, cfg, n: float, m: float) -> float:
-        c = self.counts(cfg)
-        return BYTES_FP32 * n * m * (c.k + c.h + c.v)  # J, W and U
+        c = self.counts(cfg)  # J, W and U; with attention dropout U's mask and dropped copy
+        return BYTES_FP32 * n * m * (c.k + c.h + c.v * (2 if cfg.attention_dropout > 0 else 1))
 
     def label(self, cfg) -> str:
         c = self.counts(cfg)

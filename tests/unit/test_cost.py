@@ -92,7 +92,36 @@ def test_decode_flops_equal_the_counter_on_cached_greedy_steps(variant):
     assert predicted == pytest.approx(counter.get_total_flops(), rel=1e-3)
 
 
-def test_attention_activation_memory_term():
-    th = ModelConfig(d_model=64, heads=8, heads_k=4, heads_v=2, attention=TH)
-    assert attention_activation_bytes(th, "dec-enc", 10, 30) == 4 * 10 * 30 * (4 + 8 + 2)
-    assert attention_activation_bytes(ModelConfig(d_model=64, heads=8), "enc-self", 10, 10) == 0
+def _saved_nm_bytes(attention, n: int, m: int) -> int:
+    """Bytes of the tensors autograd keeps for backward in one training forward of an attention
+    module (batch 1, n queries, m keys) made of n·m blocks (any view of them), counted by
+    torch's own saved-tensor hooks, each storage once."""
+    storages: dict[int, int] = {}
+
+    def pack(t):
+        if t.numel() % (n * m) == 0:  # views of one storage (W and W flattened) count once
+            ptr = t.untyped_storage().data_ptr()
+            storages[ptr] = max(storages.get(ptr, 0), t.numel() * t.element_size())
+        return t
+
+    x, memory = torch.randn(1, n, attention.in_proj.in_features), None
+    if n != m:
+        memory = torch.randn(1, m, attention.in_proj.in_features)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        attention.train()(x, memory)[0].sum()
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+@pytest.mark.parametrize("variant", [{}, {"kv_heads": 2}, {"heads_k": 4, "heads_v": 2, "attention": TH},
+                                     {"heads_k": 2, "heads_v": 8, "attention": TH}])
+def test_attention_activation_memory_is_what_autograd_keeps(variant, dropout):
+    """The cost account's n·m term equals the bytes autograd saves on the CPU matmul path (n = 7
+    and d_head = 8, so that no query, key or value projection has a multiple of n·m elements)."""
+    from heads_lab.model.transformer import _attention
+
+    cfg = ModelConfig(d_model=64, heads=8, attention_dropout=dropout, **variant)
+    n, m = 7, 30
+    measured = _saved_nm_bytes(_attention(cfg, "dec-enc"), n, m)
+    assert measured > 0
+    assert attention_activation_bytes(cfg, "dec-enc", n, m) == measured
