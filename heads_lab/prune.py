@@ -244,7 +244,7 @@ def gates_from_trained(run, config, model, corpus, eval_split, device, out: Path
     write_json(out / "results.json", {  # read by heads-lab report
         "status": "complete", "name": f"gates λ={p.l0_lambda:g}", "config": config,
         "metrics": {f"{split}/bleu": after["bleu"], f"{split}/chrf": after["chrf"],
-                    "valid/ppl": after["ppl"], "cost/params": result["params"],
+                    f"{split}/ppl": after["ppl"], "cost/params": result["params"],
                     **{f"heads_kept/{s}": n for s, n in kept.items()}},
         "decoding": {"split": split, "beam": run.eval.beam, "sentences": len(eval_split)},
         "prune": result})

@@ -185,8 +185,11 @@ def test_prune_with_gates_and_eval_with_a_head_mask(trained):
     assert len(found) == 2
     assert {json.loads(p.read_text())["prune"]["gate_eval"] for p in found} == {"voita"}
     kept = [json.loads(p.read_text())["metrics"] for p in found]
-    for m in kept:
+    for m, path in zip(kept, found):
         assert 0 <= m["heads_kept/enc-self"] <= 8 and 0 <= m["test/bleu"] <= 100
+        # the PPL measured on the eval split is filed under it (it once read as valid/ppl)
+        assert m["test/ppl"] == json.loads(path.read_text())["prune"]["ppl"]
+        assert "valid/ppl" not in m
     total = [sum(m[f"heads_kept/{s}"] for s in ("enc-self", "dec-self", "dec-enc")) for m in kept]
     assert total[0] > total[1]  # λ = 5 closes more gates than λ = 0
 
