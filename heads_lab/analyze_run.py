@@ -7,9 +7,9 @@ importance (Michel et al. 2019) and the Jensen–Shannon distance between heads 
 2019); see heads_lab/analysis/ for the exact definitions. Talking heads are measured per kind:
 maps per softmax head, importance per query/key, softmax and value head.
 
-Writes <run dir>/analysis/<time>_<overrides>/: analysis.json, rich tables on the console,
-heads_<metric>.png grids, head_functions.png (the head-function map), head_distance.png and
-head_diversity.png, heatmaps of analysis.heatmaps heads on analysis.sentences, and
+Writes <run dir>/analysis/<time>_<overrides>/: analysis.json, the tables (on the console and
+in analysis.md), heads_<metric>.png grids, head_functions.png (the head-function map),
+head_distance.png and head_diversity.png, heatmaps of analysis.heatmaps heads on analysis.sentences, and
 head_view.html (every layer and head of one sentence; with the bertviz extra installed also
 bertviz_head_view.html).
 """
@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 
 from heads_lab.errors import ConfigError
+from heads_lab.files import write_atomic
 from heads_lab.runs import Command
+from heads_lab.tables import Table, markdown
 
 log = logging.getLogger(__name__)
 COMMAND = Command("analyze", "analysis", ("analysis.",), __doc__)
@@ -33,7 +36,7 @@ def main(args: list[str]) -> int:
     from heads_lab.files import write_json
     from heads_lab.heads import KIND_NAMES, attention_modules, head_kinds, map_kind, parse_head_mask
     from heads_lab.sites import SITE
-    from heads_lab.tables import wide_console
+    from heads_lab.tables import to_rich, wide_console
 
     started = time.perf_counter()
     opened = runs.open_run(COMMAND, args)
@@ -93,13 +96,16 @@ def main(args: list[str]) -> int:
     extra = figures.bertviz_head_view(first.maps, src, tgt, out / "bertviz_head_view.html")
     if extra:
         html.append(extra)
-    result["files"] = [p.name for p in pngs + html]
+    result["files"] = ["analysis.md"] + [p.name for p in pngs + html]
     result["seconds"] = time.perf_counter() - started
     write_json(out / "analysis.json", result)
+    parts = tables(result)
+    write_tables(out / "analysis.md", parts, f"heads-lab analyze {run_dir.name} "
+                 f"({result['source']}, {result['sentences']:,} sentences)")
     console = wide_console(160)
-    for table in tables(result):
-        console.print(table)
-    console.print(f"analysis: {out / 'analysis.json'}")
+    for part in parts:
+        console.print(part if isinstance(part, str) else to_rich(part[1], part[0]))
+    console.print(f"analysis: {out / 'analysis.json'}, {out / 'analysis.md'}")
     console.print(f"figures: {', '.join(p.name for p in pngs)}")
     console.print(f"head view: {', '.join(str(p) for p in html)}")
     return 0
@@ -131,58 +137,46 @@ def _grid_titles(result: dict) -> dict[str, dict[str, str]]:
             for metric, by_site in result["grid_kinds"].items()}
 
 
-def tables(result: dict) -> list:
-    """Per site: one row per layer, each head as role letter + confidence + importance (of the
-    same heads: the maps' kind); for talking heads also the importance of the query/key and
-    value heads; the role counts; and the syntactic relations."""
-    from rich.table import Table
-
-    out = []
+def tables(result: dict) -> list[tuple[str, Table] | str]:
+    """(title, table) per site: one row per layer, each head as role letter + confidence +
+    importance (of the same heads: the maps' kind); for talking heads also the importance of the
+    query/key and value heads; the role counts; and the syntactic relations. A str is a note."""
+    out: list[tuple[str, Table] | str] = []
     grid = result["grids"]
     for site, layers in result["functions"].items():
         kind = result["map_kind"][site]
         heads = "heads" if kind == "head" else f"{kind} heads (h = {len(layers[0])})"
-        table = Table(title=f"{site} {heads}: role (P positional, S syntactic, R rare) · "
-                            "confidence · importance", title_justify="left")
-        table.add_column("layer")
-        for head in range(len(layers[0])):
-            table.add_column(f"h{head}", justify="right")
-        table.add_column("diversity", justify="right")
-        for layer, labels in enumerate(layers):
-            cells = [f"{LETTER[fn]} {grid['confidence'][site][layer][h]:.2f} "
-                     f"{_num(grid['importance'][site][layer][h])}" for h, fn in enumerate(labels)]
-            table.add_row(str(layer), *cells, f"{result['diversity'][site][layer]:.2f}")
-        out.append(table)
+        rows = [[str(layer), *(f"{LETTER[fn]} {grid['confidence'][site][layer][h]:.2f} "
+                               f"{_num(grid['importance'][site][layer][h])}"
+                               for h, fn in enumerate(labels)),
+                 f"{result['diversity'][site][layer]:.2f}"] for layer, labels in enumerate(layers)]
+        out.append((f"{site} {heads}: role (P positional, S syntactic, R rare) · confidence · "
+                    "importance", {"header": ["layer", *_head_columns(len(layers[0])),
+                                              "diversity"], "rows": rows}))
         for other in result["head_kinds"][site]:
             scores = grid.get(f"importance_{other}", {}).get(site)
             if other == kind or scores is None:
                 continue
-            extra = Table(title=f"{panel_title(site, result['head_kinds'][site], other)}: "
-                                "importance" + (" (what gates, masks and removal act on)"
-                                                if other == "value" else ""),
-                          title_justify="left")
-            extra.add_column("layer")
-            for head in range(len(scores[0])):
-                extra.add_column(f"h{head}", justify="right")
-            for layer, row in enumerate(scores):
-                extra.add_row(str(layer), *(_num(v) for v in row))
-            out.append(extra)
-    summary = Table(title="head roles per attention type", title_justify="left")
-    for col in ("site", "positional", "syntactic", "rare", "other"):
-        summary.add_column(col, justify="left" if col == "site" else "right")
-    for site, counts in result["counts"].items():
-        summary.add_row(site, *(str(counts.get(k, 0)) for k in
-                                ("positional", "syntactic", "rare", "other")))
-    out.append(summary)
-    out += syntax_tables(result)
-    return out
+            title = (f"{panel_title(site, result['head_kinds'][site], other)}: importance"
+                     + (" (what gates, masks and removal act on)" if other == "value" else ""))
+            out.append((title, {"header": ["layer", *_head_columns(len(scores[0]))],
+                                "rows": [[str(layer), *(_num(v) for v in row)]
+                                         for layer, row in enumerate(scores)]}))
+    roles = ("positional", "syntactic", "rare", "other")
+    out.append(("head roles per attention type", {
+        "header": ["site", *roles],
+        "rows": [[site, *(str(counts.get(k, 0)) for k in roles)]
+                 for site, counts in result["counts"].items()]}))
+    return out + syntax_tables(result)
 
 
-def syntax_tables(result: dict) -> list:
+def _head_columns(count: int) -> list[str]:
+    return [f"h{head}" for head in range(count)]
+
+
+def syntax_tables(result: dict) -> list[tuple[str, Table] | str]:
     """The syntactic relations: arcs, offset baseline, best encoder head and its accuracy, and
     the sentences matched (or why syntactic heads were not measured)."""
-    from rich.table import Table
-
     syntax = result["syntax"]
     if syntax["source"] is None:
         return ["syntactic heads: not measured, this split has no dependency arcs (real data: "
@@ -190,19 +184,18 @@ def syntax_tables(result: dict) -> list:
                 "analysis.conllu=<a CoNLL-U parse of the split's source sentences>)"]
     kind = result["map_kind"].get("enc-self", "head")
     heads = "head" if kind == "head" else f"{kind} head"
-    syn = Table(title=f"syntactic heads (enc-self, {syntax['source']}): best {heads} per relation "
-                      f"vs the most-frequent-offset baseline (* ≥ "
-                      f"{result['thresholds']['syntactic_margin']:.2f} above it with ≥ "
-                      f"{result['thresholds']['min_arcs']} arcs)", title_justify="left")
-    for col in ("relation", "arcs", "baseline", f"best {heads}", "accuracy", "gain",
-                "heads above"):
-        syn.add_column(col, justify="left" if col in ("relation", f"best {heads}") else "right")
+    title = (f"syntactic heads (enc-self, {syntax['source']}): best {heads} per relation vs the "
+             f"most-frequent-offset baseline (* ≥ {result['thresholds']['syntactic_margin']:.2f} "
+             f"above it with ≥ {result['thresholds']['min_arcs']} arcs)")
+    rows = []
     for rel, info in syntax["relations"].items():
         best = info["best"]
         mark = "*" if info["heads_above_margin"] else ""
-        syn.add_row(rel, f"{info['arcs']:,}", f"{info['baseline']:.2f}",
-                    f"L{best['layer']} H{best['head']}", f"{best['accuracy']:.2f}",
-                    f"{best['gain']:+.2f}{mark}", str(info["heads_above_margin"]))
+        rows.append([rel, f"{info['arcs']:,}", f"{info['baseline']:.2f}",
+                     f"L{best['layer']} H{best['head']}", f"{best['accuracy']:.2f}",
+                     f"{best['gain']:+.2f}{mark}", str(info["heads_above_margin"])])
+    syn = {"header": ["relation", "arcs", "baseline", f"best {heads}", "accuracy", "gain",
+                      "heads above"], "rows": rows}
     matched = (f"sentences matched to their trees: {syntax['matched']:,} of "
                f"{syntax['sentences']:,} ({100 * syntax['matched_share']:.1f} %)"
                if syntax.get("sentences") else "")
@@ -210,7 +203,18 @@ def syntax_tables(result: dict) -> list:
         first = syntax["unmatched"][0]
         matched += (f"; unmatched listed in analysis.json (first: #{first['index']}"
                     f"{' ' + first['sent_id'] if first.get('sent_id') else ''}, {first['reason']})")
-    return [syn, matched] if matched else [syn]
+    return [(title, syn), matched] if matched else [(title, syn)]
+
+
+def write_tables(path: Path, parts: list[tuple[str, Table] | str], heading: str) -> Path:
+    """The tables printed on the console, as Markdown (analysis.md)."""
+    lines = [f"# {heading}", ""]
+    for part in parts:
+        if isinstance(part, str):
+            lines += [part, ""]
+        else:
+            lines += [f"## {part[0]}", "", *markdown(part[1]), ""]
+    return write_atomic(path, "\n".join(lines))
 
 
 def _num(v) -> str:

@@ -40,14 +40,19 @@ def show(table, width: int = 220) -> None:
     wide_console(width).print(to_rich(table, "") if isinstance(table, dict) else table)
 
 
-def write_markdown(path: Path, table: Table, problems: list[tuple[str, str]] = ()) -> Path:
-    """A Markdown table, its note in italics below, and `problems` (dir, why) listed."""
+def markdown(table: Table) -> list[str]:
+    """A Markdown table's lines (the first column left-aligned), its note in italics below."""
     lines = ["| " + " | ".join(table["header"]) + " |",
              "|" + "|".join(["---"] + ["---:"] * (len(table["header"]) - 1)) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in table["rows"]]
     if table.get("note"):
         lines += ["", f"*{table['note']}*"]
-    lines.append("")
+    return lines
+
+
+def write_markdown(path: Path, table: Table, problems: list[tuple[str, str]] = ()) -> Path:
+    """A Markdown table, its note in italics below, and `problems` (dir, why) listed."""
+    lines = markdown(table) + [""]
     if problems:
         lines += ["Not in the table:", ""] + [f"- `{d}`: {s}" for d, s in problems] + [""]
     return write_atomic(path, "\n".join(lines))

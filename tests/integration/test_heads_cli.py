@@ -49,6 +49,10 @@ def test_analyze_writes_every_head_figures_and_head_view(trained):
                  "attention_s0_enc-self_l1_h0.png", "attention_s3_dec-enc_l0_h3.png"):
         assert (out / name).is_file(), name
     assert "head roles per attention type" in proc.stdout
+    md = (out / "analysis.md").read_text()  # the console's tables, for a results/ page
+    assert "## head roles per attention type" in md and "## syntactic heads (enc-self, gold)" in md
+    amod = result["syntax"]["relations"]["amod dep→head"]
+    assert f"| amod dep→head | {amod['arcs']:,} | {amod['baseline']:.2f} |" in md
 
 
 def test_analyze_a_treebank_with_and_without_its_translations(trained, tmp_path):

@@ -183,18 +183,18 @@ def _result(source, relations):
                        "matched_share": 1.0, "unmatched": []}}
 
 
-def test_analyze_tables_say_why_there_are_no_syntactic_heads_on_real_data():
-    from rich.table import Table
-
-    from heads_lab.analyze_run import tables
+def test_analyze_tables_say_why_there_are_no_syntactic_heads_on_real_data(tmp_path):
+    from heads_lab.analyze_run import tables, write_tables
 
     best = {"layer": 0, "head": 1, "kind": "head", "accuracy": 0.7, "baseline": 0.4, "gain": 0.3}
     gold = tables(_result("gold", {"nsubj dep→head": {"arcs": 12, "baseline": 0.4, "best": best,
                                                       "heads_above_margin": 0}}))
-    syn = next(t for t in gold if isinstance(t, Table) and t.title.startswith("syntactic"))
-    assert syn.row_count == 1
-    assert [c._cells[0] for c in syn.columns][3:] == ["L0 H1", "0.70", "+0.30", "0"]
+    ((title, syn),) = [t for t in gold if isinstance(t, tuple) and t[0].startswith("syntactic")]
+    assert syn["rows"] == [["nsubj dep→head", "12", "0.40", "L0 H1", "0.70", "+0.30", "0"]]
     assert "10 of 10 (100.0 %)" in gold[-1]
+    md = write_tables(tmp_path / "analysis.md", gold, "run").read_text().splitlines()
+    assert f"## {title}" in md and "| nsubj dep→head | 12 | 0.40 | L0 H1 | 0.70 | +0.30 | 0 |" in md
+    assert gold[-1] in md
     none = tables(_result(None, {}))
     assert isinstance(none[-1], str) and "analysis.treebank=" in none[-1]
-    assert not any(isinstance(t, Table) and t.title.startswith("syntactic") for t in none)
+    assert not any(isinstance(t, tuple) and t[0].startswith("syntactic") for t in none)
