@@ -114,10 +114,28 @@ def _run_hydra(task: Callable, command: str, overrides: list[str]) -> int:
         return _hydra_help(entry, [o for o in overrides if o not in ("--help", "-h", "-m",
                                                                       "--multirun")])
     try:
-        entry()
+        with _shared_start_time():
+            entry()
     finally:
         _leave_process_group()
     return sweeps.failures()
+
+
+@contextlib.contextmanager
+def _shared_start_time():
+    """This command's start time in the environment while it runs, so that a launcher's worker
+    processes (joblib, submitit, SLURM jobs) resolve the same dated sweep dir as this process."""
+    from heads_lab.config import start_time
+
+    given = os.environ.get("HEADS_LAB_START_TIME")
+    os.environ["HEADS_LAB_START_TIME"] = start_time().isoformat()
+    try:
+        yield
+    finally:
+        if given is None:
+            os.environ.pop("HEADS_LAB_START_TIME", None)
+        else:
+            os.environ["HEADS_LAB_START_TIME"] = given
 
 
 def _leave_process_group() -> None:
