@@ -160,6 +160,7 @@ def user_errors(hydra_cfg):
         yield
     except Preempted as err:  # a stop signal: the whole command stops, resumable, not failed
         print(f"error: {err}", file=sys.stderr)
+        pass_on(err.signal_name)
         raise SystemExit(128 + signal_number(err.signal_name)) from None
     except HeadsLabError as err:
         if os.environ.get("HEADS_LAB_TRACEBACK"):
@@ -167,21 +168,83 @@ def user_errors(hydra_cfg):
         if hydra_cfg.mode != RunMode.MULTIRUN:
             print(f"error: {err}", file=sys.stderr)
             raise SystemExit(2) from None
-        varying = [o for o in hydra_cfg.overrides.task if o not in FIXED_OVERRIDES]
-        job = ",".join(varying) or str(hydra_cfg.job.num)
+        job = job_label(list(hydra_cfg.overrides.task), hydra_cfg.job.num)
         print(f"error: job {hydra_cfg.job.num} ({job}): {err}", file=sys.stderr)
         FAILED_JOBS.append(job)
-        record_failure(Path(hydra_cfg.runtime.output_dir), str(err))
+        record_failure(Path(hydra_cfg.runtime.output_dir), str(err), job)
 
 
-def record_failure(run_dir: Path, error: str) -> None:
-    """A failed sweep job says so in its run dir (failed.json), for `heads-lab report`."""
+def job_label(task: list[str], num: int) -> str:
+    """A sweep job named by the settings the sweep varies (model.heads=4,seed=2); in a launcher's
+    worker process the parent's SWEEP_KEYS_ENV says which keys those are."""
+    keys = os.environ.get(SWEEP_KEYS_ENV)
+    if keys:
+        wanted = set(json.loads(keys))
+        varying = [o for o in task if o.split("=", 1)[0] in wanted]
+    else:
+        varying = [o for o in task if o not in FIXED_OVERRIDES]
+    return ",".join(varying) or str(num)
+
+
+def record_failure(run_dir: Path, error: str, job: str) -> None:
+    """A failed sweep job says so in its run dir (failed.json), for `heads-lab report` and for
+    the sweep's exit code when the job ran in another process (joblib, submitit, SLURM)."""
     from heads_lab.files import write_json
 
     try:
-        write_json(run_dir / "failed.json", {"status": "failed", "error": error})
+        write_json(run_dir / "failed.json", {"status": "failed", "job": job, "error": error})
     except OSError:
         pass
+
+
+def pass_on(signal_name: str) -> None:
+    """After heads-lab's own stop (checkpoint saved), a stop signal goes on to the handler that
+    was in place before training began, if it is a program's own: under submitit (SLURM) that
+    is its preemption handler, which requeues the job (USR2); the requeued job resumes from the
+    checkpoint. A plain command has no such handler and just stops."""
+    import signal
+
+    try:
+        signum = signal.Signals[signal_name]
+    except KeyError:  # "a signal on another rank"
+        return
+    handler = signal.getsignal(signum)
+    if callable(handler) and handler is not signal.default_int_handler:
+        owner = getattr(handler, "__self__", handler)
+        print(f"{signal_name} passed on to {type(owner).__module__}.{type(owner).__qualname__} (a "
+              "scheduler's handler: SLURM requeues the job, which resumes from the checkpoint)",
+              file=sys.stderr)
+        handler(signum, None)
+
+
+try:
+    from hydra.experimental.callback import Callback
+except ImportError:  # pragma: no cover - hydra-core < 1.1
+    Callback = object  # type: ignore[misc,assignment]
+
+
+class CountFailures(Callback):
+    """Hydra callback (conf/hydra/default.yaml): a sweep's failed jobs counted in the process that
+    runs the sweep, whichever launcher ran them. Jobs in other processes (joblib, submitit, SLURM)
+    say so in their failed.json; those written since the sweep started are this sweep's."""
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        import time
+
+        self.started = time.time() - 1  # file times may be coarser than time.time()
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        started = getattr(self, "started", 0.0)
+        for path in sorted(Path(str(config.hydra.sweep.dir)).glob("*/failed.json"),
+                           key=lambda p: p.parent.name):
+            try:
+                if path.stat().st_mtime < started:
+                    continue
+                job = json.loads(path.read_text()).get("job") or path.parent.name
+            except (OSError, json.JSONDecodeError):
+                job = path.parent.name
+            if job not in FAILED_JOBS:
+                FAILED_JOBS.append(job)
 
 
 def signal_number(name: str) -> int:
@@ -219,7 +282,7 @@ def prepare(overrides: list[str]) -> list[str]:
 def failures() -> int:
     """After the sweep: its failed jobs on stderr in one line; the exit code (2 if any)."""
     if FAILED_JOBS:
-        print(f"error: {len(FAILED_JOBS)} job(s) of the sweep failed: {'; '.join(FAILED_JOBS)}",
-              file=sys.stderr)
+        print(f"error: {len(FAILED_JOBS)} job(s) of the sweep failed: {'; '.join(FAILED_JOBS)} "
+              "(each job's error is in its run dir's failed.json)", file=sys.stderr)
         return 2
     return 0

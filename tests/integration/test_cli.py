@@ -159,13 +159,22 @@ def test_a_bad_value_in_a_sweep_fails_before_any_job_runs(tmp_path):
     _assert_one_line_error(proc, "sweep job model.heads=abc", "no job was run")
 
 
-def test_a_job_failing_at_run_time_does_not_stop_the_sweep(tmp_path):
-    proc = heads_lab("train", "-m", *TINY, "data.vocab_size=5000,300", cwd=tmp_path)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "job 0 (data.vocab_size=5000" in proc.stderr and "too large" in proc.stderr
-    assert "1 job(s) of the sweep failed" in proc.stderr
+@pytest.mark.parametrize("launcher", ["basic", "joblib", "submitit_local"])
+def test_a_job_failing_at_run_time_does_not_stop_the_sweep(launcher, tmp_path):
+    """Whichever launcher ran the failed job (in this process, joblib's workers or submitit's
+    separate processes), the sweep exits 2 naming it, and the other job's results are there."""
+    proc = heads_lab("train", "-m", f"hydra/launcher={launcher}", *TINY, "trainer.threads=1",
+                     "data.vocab_size=5000,300", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert "1 job(s) of the sweep failed: data.vocab_size=5000 (" in proc.stderr
+    if launcher != "submitit_local":  # submitit's jobs write their stderr to its log files
+        assert "job 0 (data.vocab_size=5000): " in proc.stderr and "too large" in proc.stderr
     found = _results(tmp_path / "outputs")
+    assert len({p.parent.parent for p in found}) == 1  # one sweep dir, whichever process ran a job
     assert [json.loads(p.read_text())["config"]["data"]["vocab_size"] for p in found] == [300]
+    failed = [json.loads(p.read_text()) for p in (tmp_path / "outputs").rglob("failed.json")]
+    assert [(f["job"], "too large" in f["error"]) for f in failed] == [("data.vocab_size=5000", True)]
 
 
 def test_a_failed_sweep_job_run_again_is_no_longer_failed(tmp_path):
