@@ -159,10 +159,14 @@ def test_a_bad_value_in_a_sweep_fails_before_any_job_runs(tmp_path):
     _assert_one_line_error(proc, "sweep job model.heads=abc", "no job was run")
 
 
-@pytest.mark.parametrize("launcher", ["basic", "joblib", "submitit_local"])
+@pytest.mark.parametrize("launcher", ["basic", "joblib", "submitit_local", "ray"])
 def test_a_job_failing_at_run_time_does_not_stop_the_sweep(launcher, tmp_path):
-    """Whichever launcher ran the failed job (in this process, joblib's workers or submitit's
-    separate processes), the sweep exits 2 naming it, and the other job's results are there."""
+    """Whichever launcher ran the failed job (in this process, joblib's workers, submitit's
+    separate processes, Ray's workers), the sweep exits 2 naming it, and the other job's results
+    are there. (SLURM: tests/integration/test_slurm.py.)"""
+    if launcher == "ray":
+        pytest.importorskip("hydra_plugins.hydra_ray_launcher",
+                            reason="the Ray launcher is not installed: pip install 'heads-lab[ray]'")
     proc = heads_lab("train", "-m", f"hydra/launcher={launcher}", *TINY, "trainer.threads=1",
                      "data.vocab_size=5000,300", cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr[-3000:]

@@ -101,10 +101,14 @@ def test_running_the_same_sweep_again_skips_finished_jobs(sweep):
     assert {p: p.read_bytes() for p in sweep.rglob("results.json")} == before
 
 
-@pytest.mark.parametrize("launcher", ["joblib", "submitit_local"])
+@pytest.mark.parametrize("launcher", ["joblib", "submitit_local", "ray"])
 def test_launcher_plugins_run_a_two_job_sweep_that_report_reads(launcher, tmp_path):
-    """Hydra's own launchers (the `launchers` extra): parallel jobs via joblib, and separate
-    processes via submitit (as on SLURM, locally)."""
+    """Hydra's own launchers (the `launchers` and `ray` extras): parallel jobs via joblib,
+    separate processes via submitit (as on SLURM, locally), Ray tasks on a local Ray instance
+    that the launcher starts in-process (ray.init()) and that stops with the command."""
+    if launcher == "ray":
+        pytest.importorskip("hydra_plugins.hydra_ray_launcher",
+                            reason="the Ray launcher is not installed: pip install 'heads-lab[ray]'")
     study = tmp_path / "study"
     proc = heads_lab("train", "-m", f"hydra/launcher={launcher}", *SMALL, "trainer.threads=1",
                      "model.heads=1,2", f"hydra.sweep.dir={study}", cwd=tmp_path, timeout=600)
