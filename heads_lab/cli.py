@@ -98,13 +98,16 @@ def _run_hydra(task: Callable, command: str, overrides: list[str]) -> int:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun: every rank uses rank 0's run dir
         import datetime
 
+        from heads_lab.config import compose, to_object
         from heads_lab.errors import ConfigError
         from heads_lab.parallel import from_env
 
         if sweeps.is_multirun(overrides):
             raise ConfigError("data-parallel training (torchrun) runs one job; drop -m, or "
                               "sweep with a launcher that starts one torchrun per job")
-        os.environ["HEADS_LAB_START_TIME"] = from_env().broadcast(
+        timeout = to_object(compose([o for o in overrides if not o.startswith("-")])
+                            ).trainer.dist_timeout_s
+        os.environ["HEADS_LAB_START_TIME"] = from_env(timeout).broadcast(
             datetime.datetime.now().isoformat())
     register_configs()
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let Hydra raise, so we can report in one line

@@ -192,7 +192,7 @@ def describe_keys(obj: Any, prefix: str = "") -> list[str]:
 BOOKKEEPING = ("paths", "logger", "name", "tags", "analysis", "report", "cost", "data.root",
                "trainer.device", "trainer.threads", "trainer.valid_every", "trainer.log_every",
                "trainer.save_every", "trainer.keep_last", "trainer.resume",
-               "trainer.save_checkpoint")
+               "trainer.save_checkpoint", "trainer.dist_timeout_s")
 # ... and what a resumed run may change besides: how long it trains, how it is evaluated after
 RESUMABLE_CHANGES = (*BOOKKEEPING, "trainer.max_steps", "trainer.max_epochs",
                      "trainer.max_bad_steps", "eval")

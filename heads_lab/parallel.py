@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -37,8 +38,11 @@ class Parallel:
         from torch.nn.parallel import DistributedDataParallel
 
         on_gpu = next(model.parameters()).device.type == "cuda"
-        return DistributedDataParallel(model, device_ids=[self.local_rank] if on_gpu else None,
-                                       broadcast_buffers=False)
+        with warnings.catch_warnings():  # torch 2.13 deprecates it for forward_sync_buffers,
+            # which would still sync at init; the model has no buffers that differ across ranks
+            warnings.filterwarnings("ignore", "`broadcast_buffers` is deprecated", FutureWarning)
+            return DistributedDataParallel(model, device_ids=[self.local_rank] if on_gpu else None,
+                                           broadcast_buffers=False)
 
     def no_sync(self, net: torch.nn.Module, last: bool):
         """Gradient accumulation: all-reduce only on the last micro-batch of an update."""
@@ -66,14 +70,25 @@ class Parallel:
         return box[0]
 
 
-def from_env() -> Parallel | None:
+def from_env(timeout_s: float = 1800) -> Parallel | None:
     """The data-parallel group torchrun describes (WORLD_SIZE > 1), initialised once; None for
-    a single process."""
+    a single process. A collective that waits `timeout_s` for a peer (trainer.dist_timeout_s)
+    raises instead of hanging."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return None
     if not dist.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend, timeout=timedelta(minutes=30))
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     return Parallel(rank=dist.get_rank(), world=dist.get_world_size(),
                     local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def is_peer_failure(err: BaseException) -> bool:
+    """A collective that failed because another rank died, froze or lost its connection (gloo
+    and NCCL raise RuntimeErrors or torch.distributed's DistError subclasses)."""
+    if isinstance(err, dist.DistError):
+        return True
+    text = str(err)
+    return isinstance(err, RuntimeError) and any(s in text for s in (
+        "gloo", "NCCL", "Connection closed by peer", "Connection reset", "Timed out", "timed out"))

@@ -50,7 +50,7 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
     (run_dir / "failed.json").unlink(missing_ok=True)
     torch.set_num_threads(run.trainer.threads or DEFAULT_THREADS)  # never inherit a sweep job's
     seed_everything(run.seed)
-    ranks = data_parallel.from_env()
+    ranks = data_parallel.from_env(run.trainer.dist_timeout_s)
     main_rank = ranks is None or ranks.is_main
     device = resolve_device(run.trainer.device)
     check_precision(device, run.trainer.precision)

@@ -222,6 +222,8 @@ class TrainerConfig:
     resume: Resume = opt(Resume.auto, "auto: continue from the newest valid checkpoint in the run "
                          "dir | never")
     max_bad_steps: int = opt(5, "stop after this many non-finite (skipped) steps in a row")
+    dist_timeout_s: int = opt(1800, "data-parallel (torchrun): seconds a rank waits for a lost "
+                              "or frozen peer before the run stops (resumable)")
 
 
 @dataclass

@@ -26,7 +26,7 @@ from heads_lab.device import autocast
 from heads_lab.errors import CheckpointError, HeadsLabError
 from heads_lab.evaluate import perplexity
 from heads_lab.model import Transformer
-from heads_lab.parallel import Parallel
+from heads_lab.parallel import Parallel, is_peer_failure
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +89,18 @@ class Preempted(HeadsLabError):
         super().__init__(f"stopped by {signal_name} at step {step}; saved {where}; run the same "
                          "command with hydra.run.dir=<this run dir> to resume")
         self.signal_name = signal_name
+
+
+class PeerLost(HeadsLabError):
+    """A data-parallel peer died, froze past trainer.dist_timeout_s or lost its connection."""
+
+    def __init__(self, step: int, rank: int, world: int, err: BaseException, last: Path | None):
+        cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        cause = cause.split("] ", 1)[-1].split(". ")[0]  # no source location, no advice
+        saved = f"; the newest checkpoint is {last}" if last else ""
+        super().__init__(f"data-parallel training stopped at step {step} (rank {rank} of {world}): "
+                         f"a peer was lost: {cause[:300]}{saved}; run the same command on every "
+                         "node again to resume")
 
 
 class Diverged(HeadsLabError):
@@ -336,8 +348,14 @@ class Trainer:
         self.resume()
         p = self.p
         self.model.train()
-        while p.step < self.max_steps and p.epoch < self.max_epochs:
-            self.epoch()
+        try:
+            while p.step < self.max_steps and p.epoch < self.max_epochs:
+                self.epoch()
+        except (RuntimeError, torch.distributed.DistError) as err:
+            if self.parallel is None or not is_peer_failure(err):
+                raise
+            last = self.checkpoints.last_path if self.checkpoints else None
+            raise PeerLost(p.step, self.rank, self.world, err, last) from None
         if p.window["tokens"]:
             p.last_loss = p.window["loss"] / p.window["tokens"]
         best = False
