@@ -20,9 +20,13 @@ from heads_lab.model import Encoded, Transformer, reorder_cache
 class _Stepper:
     """Next-token log-probabilities for the last position of each row, cached or not."""
 
-    def __init__(self, model: Transformer, enc: Encoded, use_cache: bool):
-        self.model, self.enc = model, enc
+    def __init__(self, model: Transformer, enc: Encoded, use_cache: bool, repeat: int = 1):
+        # repeat: each sentence `repeat` times in a row (beam search's k hypotheses)
+        self.model, self.enc = model, enc.repeat(repeat) if repeat > 1 else enc
         self.caches = model.new_caches() if use_cache else None
+        if self.caches is not None and repeat > 1:  # memory keys/values once per sentence
+            for layer, cache in zip(model.decoder, self.caches):
+                layer.cross_attn.cache_memory(cache["cross"], enc.memory, repeat)
 
     def __call__(self, prefix: Tensor) -> Tensor:
         # prefix [rows, t] (BOS first) → log-probs [rows, vocab] of token t+1
@@ -70,7 +74,7 @@ def beam_search(
     """src [batch, src] → the best hypothesis per sentence by length-normalised score."""
     n, k = src.shape[0], beam
     device = src.device
-    step = _Stepper(model, model.encode(src).repeat(k), use_cache)
+    step = _Stepper(model, model.encode(src), use_cache, repeat=k)
     vocab = model.vocab_size
     alive = torch.full((n, k, 1), BOS, dtype=torch.long, device=device)  # [sentence, beam, t]
     alive_lp = torch.full((n, k), float("-inf"), device=device)

@@ -111,12 +111,24 @@ class Attention(nn.Module):
         q = self._heads(F.linear(x, w[:q_size], b[:q_size]), self.q_heads)
         if cache is not None and "k" in cache:  # cross-attention memory projected once
             return q, cache["k"], cache["v"]
-        k, v = F.linear(memory, w[q_size:], b[q_size:]).split(self.sizes[1:], -1)
-        k, v = self._heads(k, self.k_heads), self._heads(v, self.v_heads)
+        k, v = self.project_memory(memory)
         if cache is not None:  # contiguous once, so no later step copies them
             cache["k"], cache["v"] = k.contiguous(), v.contiguous()
             return q, cache["k"], cache["v"]
         return q, k, v
+
+    def project_memory(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Cross-attention keys and values of the encoder memory [batch, src, d_model]."""
+        q_size, w, b = self.sizes[0], self.in_proj.weight, self.in_proj.bias
+        k, v = F.linear(memory, w[q_size:], b[q_size:]).split(self.sizes[1:], -1)
+        return self._heads(k, self.k_heads), self._heads(v, self.v_heads)
+
+    def cache_memory(self, cache: KVCache, memory: Tensor, repeat: int) -> None:
+        """Fill a cross-attention cache for `repeat` copies of each sentence in a row (beam
+        search): the memory is projected once per sentence, then its keys and values repeated,
+        not projected `repeat` times over."""
+        k, v = self.project_memory(memory)
+        cache["k"], cache["v"] = k.repeat_interleave(repeat, 0), v.repeat_interleave(repeat, 0)
 
     def _heads(self, x: Tensor, heads: int) -> Tensor:
         # [batch, len, heads · head_dim] → [batch, heads, len, head_dim] (a view, no copy)
@@ -335,9 +347,22 @@ def _append(cache: KVCache, key: str, new: Tensor) -> Tensor:
 
 
 def reorder_cache(caches: list[KVCache], order: Tensor) -> None:
-    """Beam search: row i of every self-attention cache becomes row order[i]."""
+    """Beam search: row i of every self-attention cache becomes row order[i]. The rows are
+    gathered straight into a second buffer of the same capacity (kept from the previous step, so
+    nothing is allocated), which becomes the cache: one pass over the cached positions, and the
+    next append writes in place instead of copying them into a new buffer."""
     for cache in caches:
         for key in ("k", "v"):
-            if key in cache:
-                cache[key] = cache[key].index_select(0, order)
-                cache.pop(f"buffer_{key}", None)  # the next append starts a new buffer
+            if key not in cache:
+                continue
+            old, buf = cache[key], cache.get(f"buffer_{key}")
+            if buf is None:
+                cache[key] = old.index_select(0, order)
+                continue
+            spare = cache.get(f"spare_{key}")
+            if spare is None or spare.shape != buf.shape:
+                spare = torch.empty_like(buf)
+            t = old.shape[2]
+            torch.index_select(old, 0, order, out=spare[:, :, :t])
+            cache[f"buffer_{key}"], cache[f"spare_{key}"] = spare, buf
+            cache[key] = spare[:, :, :t]
