@@ -11,6 +11,8 @@ import os
 import sys
 from pathlib import Path
 
+from hydra.experimental.callback import Callback
+
 from heads_lab.errors import one_line
 
 RERUN: list[str] = []
@@ -215,12 +217,6 @@ def pass_on(signal_name: str) -> None:
               "scheduler's handler: SLURM requeues the job, which resumes from the checkpoint)",
               file=sys.stderr)
         handler(signum, None)
-
-
-try:
-    from hydra.experimental.callback import Callback
-except ImportError:  # pragma: no cover - hydra-core < 1.1
-    Callback = object  # type: ignore[misc,assignment]
 
 
 class CountFailures(Callback):
