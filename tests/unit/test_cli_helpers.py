@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from heads_lab.config import expand_sweeps
@@ -59,3 +61,19 @@ def test_sweep_jobs_leave_out_hydra_settings_as_a_jobs_results_do(monkeypatch):
     jobs = sweep_jobs(["-m", "model.heads=1,4", "hydra/launcher=local", "+hydra.launcher.n_jobs=2",
                        "hydra.sweep.dir=/tmp/x", "seed=3"])
     assert jobs == [{"model.heads": "1", "seed": "3"}, {"model.heads": "4", "seed": "3"}]
+
+
+def test_a_sweeps_workers_see_the_commands_start_time_and_it_is_removed_after(monkeypatch):
+    """joblib/submitit/SLURM workers resolve the dated sweep dir from HEADS_LAB_START_TIME: it
+    must be this command's start time while the command runs, and gone (or the caller's) after."""
+    from heads_lab.cli import _shared_start_time
+    from heads_lab.config import start_time
+
+    monkeypatch.delenv("HEADS_LAB_START_TIME", raising=False)
+    with _shared_start_time():
+        assert os.environ["HEADS_LAB_START_TIME"] == start_time().isoformat()
+    assert "HEADS_LAB_START_TIME" not in os.environ
+    monkeypatch.setenv("HEADS_LAB_START_TIME", "2026-01-02T03:04:05")
+    with _shared_start_time():
+        pass
+    assert os.environ["HEADS_LAB_START_TIME"] == "2026-01-02T03:04:05"
