@@ -26,8 +26,9 @@ from heads_lab.model.dropout import dropout
 from heads_lab.sites import SITE
 
 # One layer's incremental-decoding state: {"k": Tensor, "v": Tensor} [batch, heads, key, head_dim]
-# (self-attention: views of "buffer_k" / "buffer_v", which have room to grow).
-KVCache = dict[str, Tensor]
+# (self-attention: views of "buffer_k" / "buffer_v", which have room to grow; an int "positions",
+# if set, is the length to make room for at once).
+KVCache = dict[str, "Tensor | int"]
 
 
 class Attention(nn.Module):
@@ -95,9 +96,19 @@ class Attention(nn.Module):
             raise ValueError("cached causal self-attention takes one new position per call")
         if self.out_heads == 0:  # every head pruned away: the sublayer adds out_proj's bias
             return self.out_proj.bias.expand(x.shape[0], x.shape[1], -1), None
+        rows, n = x.shape[:2]
+        per = rows // cache["k"].shape[0] if memory is not None and cache and "k" in cache else 1
+        if per > 1:  # `per` rows (beams) per sentence of the cached memory: one block of queries
+            x = x.reshape(rows // per, per * n, x.shape[2])
         q, k, v = self.project(x, memory, cache)
         o, weights = self.attend(q, k, v, mask, causal and cache is None, need_weights)
-        return self.merge(o), weights
+        y = self.merge(o)
+        if per > 1:
+            y = y.view(rows, n, y.shape[2])
+            if weights is not None:  # [sentence, heads, per · n, key] → [rows, heads, n, key]
+                s, h, _, m = weights.shape
+                weights = weights.view(s, h, per, n, m).transpose(1, 2).reshape(rows, h, n, m)
+        return y, weights
 
     def project(self, x: Tensor, memory: Tensor | None, cache: KVCache | None):
         q_size = self.sizes[0]
@@ -123,12 +134,14 @@ class Attention(nn.Module):
         k, v = F.linear(memory, w[q_size:], b[q_size:]).split(self.sizes[1:], -1)
         return self._heads(k, self.k_heads), self._heads(v, self.v_heads)
 
-    def cache_memory(self, cache: KVCache, memory: Tensor, repeat: int) -> None:
-        """Fill a cross-attention cache for `repeat` copies of each sentence in a row (beam
-        search): the memory is projected once per sentence, then its keys and values repeated,
-        not projected `repeat` times over."""
+    def cache_memory(self, cache: KVCache, memory: Tensor) -> None:
+        """Fill a cross-attention cache with the keys and values of memory [sentences, src,
+        d_model], for queries from any number of rows per sentence in a row (beam search's
+        hypotheses): a call with `rows · sentences` query rows attends with each sentence's
+        rows as one block of queries (cross-attention has no causal mask and no positional
+        bias), so the memory is projected once per sentence and never repeated per beam."""
         k, v = self.project_memory(memory)
-        cache["k"], cache["v"] = k.repeat_interleave(repeat, 0), v.repeat_interleave(repeat, 0)
+        cache["k"], cache["v"] = k.contiguous(), v.contiguous()
 
     def _heads(self, x: Tensor, heads: int) -> Tensor:
         # [batch, len, heads · head_dim] → [batch, heads, len, head_dim] (a view, no copy)
@@ -330,14 +343,16 @@ def _append(cache: KVCache, key: str, new: Tensor) -> Tensor:
     """Self-attention cache: append `new` [batch, heads, n, head_dim] along the key axis and
     return the whole [batch, heads, t + n, head_dim]. Positions go into a buffer with spare
     capacity (doubled when full), so a step writes only its own keys instead of copying all
-    earlier ones (torch.cat); the cache entry is a view of the buffer's first t + n positions."""
+    earlier ones (torch.cat); the cache entry is a view of the buffer's first t + n positions.
+    The first buffer has room for the cache's "positions" when set (a decoder's length limit)."""
     old = cache.get(key)
     t = 0 if old is None else old.shape[2]
     end = t + new.shape[2]
     buf = cache.get(f"buffer_{key}")
     if buf is None or buf.shape[2] < end:
         b, h, _, d = new.shape
-        grown = new.new_empty(b, h, max(16, 2 * end), d)
+        room = cache.get("positions", 0)
+        grown = new.new_empty(b, h, room if room >= end else max(16, 2 * end), d)
         if old is not None:
             grown[:, :, :t] = old
         buf = cache[f"buffer_{key}"] = grown

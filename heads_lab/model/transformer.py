@@ -166,8 +166,10 @@ class Transformer(nn.Module):
             y = layer(y, enc.memory, enc.mask, need_weights, caches[i] if caches else None)
         return self.decoder_norm(y)
 
-    def new_caches(self) -> list[dict[str, KVCache]]:
-        return [{"self": {}, "cross": {}} for _ in self.decoder]
+    def new_caches(self, positions: int = 0) -> list[dict[str, KVCache]]:
+        """Empty decoding caches, one per decoder layer; `positions`: the most the decoder will
+        run (its length limit), so self-attention's keys and values are never moved to grow."""
+        return [{"self": {"positions": positions}, "cross": {}} for _ in self.decoder]
 
     def logits(self, hidden: Tensor) -> Tensor:
         return F.linear(hidden, self.embed.weight)  # tied output projection: [..., vocab]

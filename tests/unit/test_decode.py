@@ -9,7 +9,7 @@ import torch
 
 from heads_lab.config import ModelConfig
 from heads_lab.data.tokenizer import BOS, EOS
-from heads_lab.decode import beam_search, greedy
+from heads_lab.decode import beam_search, greedy, top_k
 from heads_lab.model import Transformer
 
 
@@ -87,3 +87,24 @@ def test_min_len_holds_back_eos():
         assert len(out) >= 6
     fixed = greedy(model, src, 9, min_len=8)
     assert all(len(o) == 8 for o in fixed)  # min_len = max_len - 1: every output exactly that long
+
+
+@pytest.mark.parametrize("rows,width,k", [(256, 8000, 8), (64, 8000, 1), (7, 8003, 8),
+                                          (3, 30011, 16), (4, 8000, 128), (5, 100, 3)])
+def test_top_k_equals_torch_topk(rows, width, k):
+    """The blocked top-k (a beam's candidates, greedy's argmax) against torch.topk: the same
+    values and columns, with the best entries at a block's edge, in the columns past the last
+    full block, and rows with fewer finite entries than k."""
+    torch.manual_seed(0)
+    x = torch.randn(rows, width)
+    x[0, : width - 3] = float("-inf")  # three finite entries only
+    x[1, -1] = 50.0  # the best entry is the last column (past the blocks when width % 16)
+    x[-1, 16 * (width // 16) - 1] = 40.0  # ... the last column of the last block
+    values, cols = top_k(x, k)
+    ref_values, ref_cols = x.topk(k, dim=-1)
+    assert torch.equal(values, ref_values)
+    finite = ref_values.isfinite()
+    assert torch.equal(cols[finite], ref_cols[finite])  # which -inf columns fill up is arbitrary
+    assert torch.equal(x.gather(1, cols), values)
+    assert all(len(set(row)) == k for row in cols.tolist())  # distinct columns
+    assert torch.equal(top_k(x[1:], 1)[1][:, 0], x[1:].argmax(dim=-1))

@@ -129,20 +129,28 @@ def test_grouped_query_equals_multi_head_with_repeated_kv_heads(kv_heads, need_w
     assert gqa.in_proj.weight.shape[0] == (heads + 2 * kv_heads) * dk
 
 
-@pytest.mark.parametrize("variant", [
+VARIANTS = [
     dict(attention=AttentionKind.talking_heads, heads=6, heads_k=2, heads_v=3, head_dim=8),
     dict(attention=AttentionKind.talking_heads, heads=4, talking_heads_in=["dec-enc"]),
     dict(kv_heads=1),
     dict(kv_heads=2),
     dict(relative_positions=2),
     dict(attention=AttentionKind.talking_heads, heads=4, heads_k=2, relative_positions=3),
-])
-def test_cached_decoding_equals_full_forward_for_every_variant(variant):
+]
+
+
+def _decoding_model(variant: dict) -> Transformer:
     torch.manual_seed(0)
     cfg = ModelConfig(**{"d_model": 32, "heads": 4, "d_ff": 64, "encoder_layers": 1,
                          "decoder_layers": 2, "dropout": 0.0, **variant})
     model = Transformer(cfg, 40).double().eval()
     _random_position_bias(model)
+    return model
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_cached_decoding_equals_full_forward_for_every_variant(variant):
+    model = _decoding_model(variant)
     src = torch.randint(4, 40, (2, 6))
     src[1, 4:] = 0
     tgt = torch.randint(4, 40, (2, 5))
@@ -151,6 +159,28 @@ def test_cached_decoding_equals_full_forward_for_every_variant(variant):
     steps = [model.logits(model.decode(tgt[:, t : t + 1], enc, caches=caches, offset=t))
              for t in range(5)]
     torch.testing.assert_close(torch.cat(steps, 1), full)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_beams_decode_over_their_sentences_memory_kept_once(variant):
+    """Beam search's cache: k rows per sentence attend to the sentence's memory, projected and
+    kept once (not k times); the logits equal the full forward of the batch with each sentence
+    repeated k times, and self-attention's buffer is made once, as long as `positions`."""
+    model, k, steps = _decoding_model(variant), 3, 5
+    src = torch.randint(4, 40, (2, 6))
+    src[1, 4:] = 0
+    tgt = torch.randint(4, 40, (2 * k, steps))  # every beam its own prefix
+    full = model(src.repeat_interleave(k, 0), tgt)
+    enc, caches = model.encode(src), model.new_caches(positions=steps)
+    for layer, cache in zip(model.decoder, caches):
+        layer.cross_attn.cache_memory(cache["cross"], enc.memory)
+    out, buffers = [], set()
+    for t in range(steps):
+        out.append(model.logits(model.decode(tgt[:, t : t + 1], enc, caches=caches, offset=t)))
+        buffers.add(caches[0]["self"]["buffer_k"].data_ptr())
+    torch.testing.assert_close(torch.cat(out, 1), full)
+    assert [c["cross"]["k"].shape[0] for c in caches] == [2, 2]  # per sentence, not per beam
+    assert len(buffers) == 1 and caches[0]["self"]["buffer_k"].shape[2] == steps
 
 
 def test_talking_heads_sites_are_switchable():
