@@ -10,7 +10,8 @@ a sentence stops once no alive hypothesis can beat its worst finished one.
 
 Per step, what a profile of 64 sentences × 20 steps on CPU showed worth removing is gone: greedy
 ranks logits (no log-softmax), candidates come from `top_k` (vectorised, not torch's
-element-by-element CPU top-k over a sentence's k · vocab scores).
+element-by-element CPU top-k over a sentence's k · vocab scores), and the output layer uses a
+weight laid out once for the whole decode (`Transformer.decoding_logits`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class _Stepper:
                  positions: int = 0):
         # repeat: each sentence `repeat` times in a row (beam search's k hypotheses); with the
         # cache, its memory's keys and values are computed and kept once per sentence
-        self.model, self.enc = model, enc
+        self.model, self.enc, self.logits = model, enc, model.decoding_logits()
         self.caches = model.new_caches(positions) if use_cache else None
         if self.caches is not None:
             for layer, cache in zip(model.decoder, self.caches):
@@ -44,7 +45,7 @@ class _Stepper:
             hidden = self.model.decode(prefix[:, -1:], self.enc, caches=self.caches, offset=t)
         else:
             hidden = self.model.decode(prefix, self.enc)
-        return self.model.logits(hidden[:, -1]).float()
+        return self.logits(hidden[:, -1]).float()
 
     def reorder(self, rows: Tensor) -> None:
         if self.caches is not None:

@@ -53,6 +53,10 @@ class TorchTransformer(nn.Module):
     def logits(self, hidden: Tensor) -> Tensor:
         return F.linear(hidden, self.embed.weight)
 
+    def decoding_logits(self):
+        """The decoder's output layer: plain `logits`, as a usual PyTorch translator has it."""
+        return self.logits
+
     def loss(self, hidden: Tensor, target: Tensor, eps: float) -> tuple[Tensor, None]:
         """What a usual PyTorch translator does: logits, then torch's label-smoothed cross
         entropy (summed). The bench needs no separate NLL, so none is computed."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -173,6 +173,27 @@ class Transformer(nn.Module):
 
     def logits(self, hidden: Tensor) -> Tensor:
         return F.linear(hidden, self.embed.weight)  # tied output projection: [..., vocab]
+
+    def decoding_logits(self) -> Callable[[Tensor], Tensor]:
+        """`logits` for many calls on few rows with the weights fixed (a decoder's steps). On
+        CPU in fp32 the tied [vocab, d_model] weight is laid out once for oneDNN's matmul, which
+        at decoding's 64–256 rows ran 1.1–1.4× faster than `F.linear` (MKL) on the same weight
+        here; its sums round differently in the last bits. Elsewhere (GPU, under autocast, a
+        torch without the op) it is `logits`."""
+        weight = self.embed.weight
+        packable = (weight.device.type == "cpu" and weight.dtype == torch.float32
+                    and not torch.is_autocast_enabled("cpu") and torch.backends.mkldnn.is_available()
+                    and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+        if not packable:
+            return self.logits
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 64)
+
+        def logits(hidden: Tensor) -> Tensor:
+            if hidden.dtype != torch.float32:
+                return self.logits(hidden)
+            return torch.ops.mkldnn._linear_pointwise(hidden, packed, None, "none", [], "")
+
+        return logits
 
     def loss(self, hidden: Tensor, target: Tensor, eps: float) -> tuple[Tensor, Tensor]:
         """Summed label-smoothed loss and summed NLL of the output layer on hidden [tokens,

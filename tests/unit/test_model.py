@@ -52,6 +52,26 @@ def test_cached_incremental_decoding_equals_full_forward():
     torch.testing.assert_close(torch.cat(steps, 1), full)
 
 
+def test_decoding_logits_equal_the_output_layer():
+    """The decoder's output layer (oneDNN-packed weight on CPU in fp32) against a float64
+    product; a float64 model and autocast keep `logits` itself."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=32, heads=4, d_ff=64, encoder_layers=1, decoder_layers=1)
+    model = Transformer(cfg, 300).eval()
+    hidden = torch.randn(70, 32)
+    with torch.no_grad():
+        got = model.decoding_logits()(hidden)
+        reference = hidden.double() @ model.embed.weight.double().t()
+        torch.testing.assert_close(got.double(), reference, rtol=1e-5, atol=1e-5)
+        assert got.dtype == torch.float32 and got.shape == (70, 300)
+        with torch.autocast("cpu", torch.bfloat16):
+            in_bf16 = model.decoding_logits()(hidden)
+            assert in_bf16.dtype == torch.bfloat16 and torch.equal(in_bf16, model.logits(hidden))
+        wide = _model()
+        h64 = torch.randn(5, 32, dtype=torch.float64)
+        assert torch.equal(wide.decoding_logits()(h64), wide.logits(h64))
+
+
 def test_label_smoothed_loss_matches_torch_cross_entropy():
     torch.manual_seed(0)
     logits = torch.randn(50, V, dtype=torch.float64)
