@@ -60,7 +60,10 @@ def max_length(model: Transformer, src: Tensor, a: float, b: int) -> int:
 @torch.no_grad()
 def greedy(model: Transformer, src: Tensor, max_len: int, use_cache: bool = True,
            min_len: int = 0) -> list[list[int]]:
-    """src [batch, src] → token ids per sentence (without BOS/EOS), at least `min_len` tokens."""
+    """src [batch, src] → token ids per sentence (without BOS/EOS), at least `min_len` tokens
+    (the length limit max_len - 1 coming first)."""
+    if src.shape[0] == 0:
+        return []
     step = _Stepper(model, model.encode(src), use_cache, positions=max_len)
     prefix = torch.full((src.shape[0], 1), BOS, dtype=torch.long, device=src.device)
     done = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)
@@ -80,6 +83,8 @@ def beam_search(
     min_len: int = 0,
 ) -> list[list[int]]:
     """src [batch, src] → the best hypothesis per sentence by length-normalised score."""
+    if src.shape[0] == 0:
+        return []
     n, k = src.shape[0], beam
     device = src.device
     step = _Stepper(model, model.encode(src), use_cache, repeat=k, positions=max_len)
@@ -122,9 +127,10 @@ def beam_search(
 
 def _constrain(lprobs: Tensor, t: int, min_len: int, max_len: int) -> Tensor:
     """Scores of step t (0-based), in place, with what may not come next at -inf: PAD and BOS
-    never, EOS before min_len tokens, anything but EOS at the length limit."""
+    never, EOS before min_len tokens (unless at the length limit), anything but EOS at the
+    length limit."""
     lprobs[:, PAD] = lprobs[:, BOS] = float("-inf")
-    if t < min_len:
+    if t < min_len and t < max_len - 1:
         lprobs[:, EOS] = float("-inf")
     if t == max_len - 1:
         lprobs[:, :EOS] = lprobs[:, EOS + 1 :] = float("-inf")

@@ -97,7 +97,12 @@ class Attention(nn.Module):
         if self.out_heads == 0:  # every head pruned away: the sublayer adds out_proj's bias
             return self.out_proj.bias.expand(x.shape[0], x.shape[1], -1), None
         rows, n = x.shape[:2]
-        per = rows // cache["k"].shape[0] if memory is not None and cache and "k" in cache else 1
+        per = 1
+        if memory is not None and cache and "k" in cache and cache["k"].shape[0] != rows:
+            per = rows // max(1, cache["k"].shape[0])
+            if per * cache["k"].shape[0] != rows:
+                raise ValueError(f"cross-attention cache of {cache['k'].shape[0]} sentences for "
+                                 f"{rows} query rows: rows must be whole multiples per sentence")
         if per > 1:  # `per` rows (beams) per sentence of the cached memory: one block of queries
             x = x.reshape(rows // per, per * n, x.shape[2])
         q, k, v = self.project(x, memory, cache)

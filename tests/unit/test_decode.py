@@ -90,7 +90,7 @@ def test_min_len_holds_back_eos():
 
 
 @pytest.mark.parametrize("rows,width,k", [(256, 8000, 8), (64, 8000, 1), (7, 8003, 8),
-                                          (3, 30011, 16), (4, 8000, 128), (5, 100, 3)])
+                                          (3, 30011, 16), (4, 8000, 100)])
 def test_top_k_equals_torch_topk(rows, width, k):
     """The blocked top-k (a beam's candidates, greedy's argmax) against torch.topk: the same
     values and columns, with the best entries at a block's edge, in the columns past the last
@@ -108,3 +108,27 @@ def test_top_k_equals_torch_topk(rows, width, k):
     assert torch.equal(x.gather(1, cols), values)
     assert all(len(set(row)) == k for row in cols.tolist())  # distinct columns
     assert torch.equal(top_k(x[1:], 1)[1][:, 0], x[1:].argmax(dim=-1))
+
+
+def test_top_k_with_ties_strided_input_and_rows_without_a_finite_entry():
+    torch.manual_seed(0)
+    x = torch.randint(0, 5, (6, 4000)).float()  # many equal entries
+    x[2] = float("-inf")  # nothing finite: any k distinct columns
+    for view in (x, x.t().contiguous().t(), torch.cat([x, x], 1)[:, 3:4003]):
+        values, cols = top_k(view, 8)
+        assert torch.equal(values, view.topk(8, dim=-1).values)
+        assert torch.equal(view.gather(1, cols), values)
+        assert all(len(set(row)) == 8 for row in cols.tolist())
+
+
+def test_the_length_limit_comes_before_min_len():
+    """min_len ≥ max_len: EOS is let through at the limit (no step is left without a choice)."""
+    model, src = _model(), _src()
+    for out in greedy(model, src, 5, min_len=9) + beam_search(model, src, 3, 0.6, 5, min_len=9):
+        assert len(out) == 4 and 0 not in out and BOS not in out
+
+
+def test_an_empty_batch_decodes_to_nothing():
+    model = _model()
+    empty = torch.zeros(0, 7, dtype=torch.long)
+    assert greedy(model, empty, 5) == [] and beam_search(model, empty, 3, 0.6, 5) == []

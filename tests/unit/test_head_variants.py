@@ -259,3 +259,24 @@ def test_relative_positions_bias_self_attention_only_and_start_at_zero():
                                     decoder_layers=1), 40)
     assert {k for k in model.state_dict()} - {k for k in plain.state_dict()} == {
         "encoder.0.self_attn.position_bias", "decoder.0.self_attn.position_bias"}
+
+
+@pytest.mark.parametrize("variant", [VARIANTS[0], VARIANTS[2], {}])
+def test_cross_attention_of_beams_equals_attention_over_the_repeated_memory(variant):
+    """Beams folded onto their sentence's cached memory: the same outputs and (unfolded back to
+    one row per beam) the same per-head maps as attending to the memory repeated per beam; a
+    cache of the wrong batch is refused."""
+    model, k = _decoding_model(variant), 3
+    attn = model.decoder[0].cross_attn
+    memory = torch.randn(2, 6, 32, dtype=torch.float64)
+    mask = _padding_mask([6, 4], 6)
+    x = torch.randn(2 * k, 1, 32, dtype=torch.float64)
+    cache: dict = {}
+    attn.cache_memory(cache, memory)
+    y, w = attn(x, memory, mask, need_weights=True, cache=cache)
+    y_ref, w_ref = attn(x, memory.repeat_interleave(k, 0), mask.repeat_interleave(k, 0),
+                        need_weights=True)
+    torch.testing.assert_close(y, y_ref)
+    torch.testing.assert_close(w, w_ref)
+    with pytest.raises(ValueError, match="whole multiples"):
+        attn(x[:5], memory, mask, cache=cache)
