@@ -125,13 +125,11 @@ class Attention(nn.Module):
             return q, k, v
         w, b = self.in_proj.weight, self.in_proj.bias
         q = self._heads(F.linear(x, w[:q_size], b[:q_size]), self.q_heads)
-        if cache is not None and "k" in cache:  # cross-attention memory projected once
-            return q, cache["k"], cache["v"]
-        k, v = self.project_memory(memory)
-        if cache is not None:  # contiguous once, so no later step copies them
-            cache["k"], cache["v"] = k.contiguous(), v.contiguous()
-            return q, cache["k"], cache["v"]
-        return q, k, v
+        if cache is None:
+            return (q, *self.project_memory(memory))
+        if "k" not in cache:  # cross-attention memory projected once, at the first step
+            self.cache_memory(cache, memory)
+        return q, cache["k"], cache["v"]
 
     def project_memory(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Cross-attention keys and values of the encoder memory [batch, src, d_model]."""
@@ -145,7 +143,7 @@ class Attention(nn.Module):
         hypotheses): a call with `rows · sentences` query rows attends with each sentence's
         rows as one block of queries (cross-attention has no causal mask and no positional
         bias), so the memory is projected once per sentence and never repeated per beam."""
-        k, v = self.project_memory(memory)
+        k, v = self.project_memory(memory)  # contiguous once, so no later step copies them
         cache["k"], cache["v"] = k.contiguous(), v.contiguous()
 
     def _heads(self, x: Tensor, heads: int) -> Tensor:
