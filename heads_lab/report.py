@@ -128,7 +128,12 @@ def collect(dirs: list[Path]) -> tuple[list[Run], list[tuple[str, str]]]:
             raise DataError(f"no dir {d}; give multirun or run dirs (e.g. outputs/multiruns/...)")
     run_dirs = sorted({p.parent.parent for d in dirs for p in d.rglob(".hydra/config.yaml")} |
                       {p.parent for d in dirs for p in d.rglob("results.json")})
+    found = set(run_dirs)
     for run_dir in run_dirs:
+        if any(a in found for a in run_dir.parents):  # e.g. a gates run under <run>/prune/
+            problems.append((str(run_dir), "derived from the run it is under (heads-lab prune), "
+                                           "not a run of this sweep: report its dir on its own"))
+            continue
         path = run_dir / "results.json"
         if not path.is_file():
             failed = run_dir / "failed.json"

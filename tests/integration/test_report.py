@@ -87,6 +87,38 @@ def test_report_lists_failed_and_unfinished_runs(sweep, tmp_path):
         shutil.rmtree(broken)
 
 
+def test_report_leaves_out_runs_derived_from_a_run(sweep, tmp_path):
+    """A gates run (`heads-lab prune <run> method=gates`) writes results.json under <run>/prune/:
+    reporting the sweep must not make it a row or a seed of the sweep's table."""
+    import shutil
+
+    (run_dir,) = [p.parent for p in sweep.glob("*/results.json")
+                  if json.loads(p.read_text())["config"]["model"]["heads"] == 1
+                  and json.loads(p.read_text())["config"]["seed"] == 1]
+    derived = run_dir / "prune" / "2026-01-01_00-00-00_prune.method=gates"
+    derived.mkdir(parents=True)
+    results = json.loads((run_dir / "results.json").read_text())
+    results["config"]["prune"] = {**results["config"].get("prune", {}), "method": "gates",
+                                  "l0_lambda": 0.05}
+    results["metrics"]["test/bleu"] = 99.0
+    (derived / "results.json").write_text(json.dumps(results))
+    try:
+        proc = heads_lab("report", str(sweep), "--out", str(tmp_path), cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        with open(tmp_path / "report.csv", newline="") as f:
+            rows = list(csv.DictReader(f))
+        assert [(r["setting"], r["runs"]) for r in rows] == [("h=1 (base)", "2"), ("h=4", "2")]
+        md = (tmp_path / "report.md").read_text()
+        assert "99.0" not in md and f"{derived.name}`: derived from the run it is under" in md
+        # pointed at on its own, the derived run is reported
+        alone = tmp_path / "alone"
+        proc = heads_lab("report", str(derived.parent), "--out", str(alone), cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert "99.00" in (alone / "report.md").read_text()
+    finally:
+        shutil.rmtree(run_dir / "prune")
+
+
 def test_report_on_a_dir_without_results_is_one_line(tmp_path):
     _assert_one_line_error(heads_lab("report", str(tmp_path), cwd=tmp_path),
                            "no finished runs (results.json) under", "point heads-lab report")
