@@ -6,9 +6,12 @@ report.csv and two PNGs (BLEU and PPL against the swept setting with error bars;
 cost). Each row: the varied settings, the head shape (h, h_K, h_V, kv_heads, d_k, layers),
 parameters, valid PPL, test BLEU and chrF as mean ± std over seeds, tokens/s and peak memory,
 and sacrebleu's paired bootstrap p-value of its BLEU against the base row (the preset's
-`report.base`, else the first row), on the seed-matched hypotheses. Runs that failed or never
-finished are listed, never averaged in. With `report.paper=table_a` the published Table 3 (A)
-numbers are printed beside ours, labelled as the paper's.
+`report.base`, else the first row), on the seed-matched hypotheses. Rows are in the order of
+their settings. Runs that failed or never finished are listed, never averaged in; so are runs
+under another run's dir (a gates run under <run>/prune/). With `report.paper=table_a` the
+published Table 3 (A) numbers are printed beside ours, labelled as the paper's. With several
+dirs, the first one's runs set report.base and report.paper: `heads-lab report <new sweep>
+<runs of an earlier sweep with the same settings>` reuses finished runs instead of repeating them.
 """
 
 from __future__ import annotations
@@ -126,8 +129,11 @@ def collect(dirs: list[Path]) -> tuple[list[Run], list[tuple[str, str]]]:
     for d in dirs:
         if not d.is_dir():
             raise DataError(f"no dir {d}; give multirun or run dirs (e.g. outputs/multiruns/...)")
-    run_dirs = sorted({p.parent.parent for d in dirs for p in d.rglob(".hydra/config.yaml")} |
-                      {p.parent for d in dirs for p in d.rglob("results.json")})
+    run_dirs: list[Path] = []  # dir by dir, in the order given: the first dir's preset rules
+    for d in dirs:
+        here = ({p.parent.parent for p in d.rglob(".hydra/config.yaml")} |
+                {p.parent for p in d.rglob("results.json")})
+        run_dirs += [r for r in sorted(here) if r not in run_dirs]
     found = set(run_dirs)
     for run_dir in run_dirs:
         if any(a in found for a in run_dir.parents):  # e.g. a gates run under <run>/prune/
@@ -167,7 +173,15 @@ def group(runs: list[Run]) -> tuple[list[Row], list[str]]:
         key = tuple(json.dumps(run.config.get(k), sort_keys=True) for k in varying)
         label = ",".join(f"{short_key(k)}={run.config.get(k)}" for k in varying) or "all runs"
         rows.setdefault(key, Row(key, label)).runs.append(run)
-    return list(rows.values()), varying
+    return sorted(rows.values(), key=lambda row: [_order(row.runs[0].config.get(k))
+                                                  for k in varying]), varying
+
+
+def _order(value: Any) -> tuple:
+    """Rows in the order of their settings: numbers by value, then text, then null."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return (0, value, "")
+    return (1, 0, json.dumps(value, sort_keys=True)) if value is not None else (2, 0, "")
 
 
 def base_row(rows: list[Row], runs: list[Run]) -> Row:

@@ -119,6 +119,33 @@ def test_report_leaves_out_runs_derived_from_a_run(sweep, tmp_path):
         shutil.rmtree(run_dir / "prune")
 
 
+def test_report_joins_runs_of_two_sweeps_in_setting_order_first_dir_sets_the_preset(sweep,
+                                                                                    tmp_path):
+    """A new study reuses identical runs of an earlier sweep: rows sorted by their settings, and
+    the first dir given sets the base row and the paper columns."""
+    other = tmp_path / "th"
+    proc = heads_lab("train", "-m", "+experiment=talking_heads", *SMALL, "model.heads=4",
+                     "model.attention=talking_heads", "seed=1", f"hydra.sweep.dir={other}",
+                     cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+
+    def report(*dirs: Path) -> list[dict]:
+        out = tmp_path / f"out{len(list(tmp_path.glob('out*')))}"
+        proc = heads_lab("report", *map(str, dirs), "--out", str(out), "--samples", "50",
+                         cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr + proc.stdout
+        with open(out / "report.csv", newline="") as f:
+            return list(csv.DictReader(f))
+
+    first_th = report(other, sweep)  # talking_heads' preset: no paper, base mha h = 8 is absent
+    assert [r["setting"] for r in first_th] == ["attention=mha,h=1 (base)", "attention=mha,h=4",
+                                                "attention=talking_heads,h=4"]
+    assert [r["runs"] for r in first_th] == ["2", "2", "1"] and "paper BLEU" not in first_th[0]
+    first_a = report(sweep, other)  # table_a's preset: Vaswani et al.'s columns beside ours
+    assert [r["setting"] for r in first_a] == [r["setting"] for r in first_th]
+    assert [r["paper BLEU"] for r in first_a][:2] == ["24.9", "25.5"]
+
+
 def test_report_on_a_dir_without_results_is_one_line(tmp_path):
     _assert_one_line_error(heads_lab("report", str(tmp_path), cwd=tmp_path),
                            "no finished runs (results.json) under", "point heads-lab report")
