@@ -242,6 +242,10 @@ def _params(values: list[float | None]) -> str:
 
 
 def paper_of(runs: list[Run]) -> dict | None:
+    """The paper's published numbers for the preset's rows; none beside pruned models (a gates
+    run keeps its trained run's report settings, but the paper has no such row)."""
+    if any(r.results.get("prune") for r in runs):
+        return None
     return PAPER.get(runs[0].config.get("report.paper") or "")
 
 
