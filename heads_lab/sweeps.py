@@ -25,6 +25,69 @@ def is_multirun(overrides: list[str]) -> bool:
     return "-m" in overrides or "--multirun" in overrides
 
 
+WORKER_LAUNCHERS = ("local", "joblib")  # launchers whose jobs run in this machine's workers
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process under `pid` (Linux /proc; elsewhere none), children first."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+@contextlib.contextmanager
+def forward_stop_signals(overrides: list[str]):
+    """A sweep whose jobs run in worker processes (hydra/launcher=local): SIGTERM or SIGUSR2 sent
+    to this process alone (`kill <pid>`, a batch system stopping the command) goes on to the
+    workers, whose jobs save a checkpoint and stop (joblib then starts no further job); this
+    process exits 128 + the signal, and the same command resumes the sweep. Without this the workers
+    were orphaned and trained on. (Ctrl-C reaches the workers itself, via the terminal.)"""
+    import signal
+    import threading
+
+    launcher = next((o.split("=", 1)[1] for o in overrides if o.startswith("hydra/launcher=")), "")
+    if (not is_multirun(overrides) or launcher not in WORKER_LAUNCHERS
+            or threading.current_thread() is not threading.main_thread()):
+        yield
+        return
+    received: list[int] = []
+
+    def handler(signum, frame):
+        if not received:
+            print(f"{signal.Signals(signum).name} received: the running jobs save a checkpoint "
+                  "and stop; no further job starts", file=sys.stderr)
+        received.append(signum)
+        for pid in descendants(os.getpid()):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signum)
+
+    wanted = [signal.SIGTERM] + ([signal.SIGUSR2] if hasattr(signal, "SIGUSR2") else [])
+    previous = {s: signal.signal(s, handler) for s in wanted}
+    try:
+        yield
+    except BaseException:  # the launcher re-raises a stopped job's SystemExit, or gives up
+        if not received:
+            raise
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    if received:
+        name = signal.Signals(received[0]).name
+        print(f"error: sweep stopped by {name}: run the same command again to resume (finished "
+              "jobs are skipped, stopped ones resume from their checkpoints)", file=sys.stderr)
+        raise SystemExit(128 + received[0])
+
+
 def refuse_finished_run_dir(overrides: list[str]) -> None:
     """An explicit `hydra.run.dir` holding a finished run fails before Hydra writes anything
     into it. An explicit `hydra.sweep.dir` may hold finished jobs of the same sweep (they are

@@ -101,3 +101,46 @@ def test_eval_reevaluates_and_averages_without_touching_the_run(uninterrupted, t
     assert averaged["decoding"]["beam"] == 1
     assert averaged["metrics"]["test/loss"] != uninterrupted["metrics"]["test/loss"]
     assert (run_dir / "results.json").read_bytes() == before
+
+
+def test_sigterm_to_a_local_launcher_sweep_stops_its_workers_and_the_sweep_resumes(tmp_path):
+    """`kill <pid>` of a sweep whose jobs run in joblib's workers (hydra/launcher=local), as a
+    batch system or a user stops it: the workers' jobs save a checkpoint and stop (they used to
+    be orphaned and train on), no further job starts, the command exits 143 saying how to
+    resume, and the same command then resumes the stopped jobs and runs the rest."""
+    sweep = tmp_path / "sweep"
+    args = [EXE, "train", "-m", *[o for o in TINY if not o.startswith("trainer.max_steps")],
+            "trainer.max_steps=80", "trainer.save_every=4", "hydra/launcher=local",
+            "hydra.launcher.n_jobs=2", "trainer.threads=1", "seed=1,2,3",
+            f"hydra.sweep.dir={sweep}"]
+    proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    deadline = time.time() + 240
+    while len({p.parent.parent for p in sweep.glob("*/checkpoints/step_*.pt")}) < 2:
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.05)  # both running jobs are inside their training loops
+    proc.send_signal(signal.SIGTERM)  # to the sweep's own process only, not its group
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 143, err + out
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("error: sweep stopped by SIGTERM: run the "
+                                                   "same command again to resume"), err
+    for _ in range(200):  # nothing of the sweep runs on (workers, their resource trackers)
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("processes of the stopped sweep are still running")
+    stopped = sorted(sweep.glob("[0-9]*_*"))
+    assert [d.name[:2] for d in stopped] == ["0_", "1_"]  # the third job never started
+    for run_dir in stopped:
+        assert list((run_dir / "checkpoints").glob("step_*.pt"))
+        assert not (run_dir / "results.json").exists()
+
+    done = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    results = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/results.json"))]
+    assert [r["train"]["steps"] for r in results] == [80, 80, 80]
+    assert [r["train"]["resumed_from"] is not None for r in results] == [True, True, False]
