@@ -3,20 +3,23 @@
 Reads every results.json under the dirs (no wandb needed), groups the runs by the settings that
 vary between them (seeds pooled), and writes, next to the first dir (or --out): report.md,
 report.csv and two PNGs (BLEU and PPL against the swept setting with error bars; quality against
-cost). Each row: the varied settings, the head shape (h, h_K, h_V, kv_heads, d_k, layers),
-parameters, valid PPL, test BLEU and chrF as mean ± std over seeds, tokens/s and peak memory,
-and sacrebleu's paired bootstrap p-value of its BLEU against the base row (the preset's
-`report.base`, else the first row), on the seed-matched hypotheses. Rows are in the order of
-their settings. Runs that failed or never finished are listed, never averaged in; so are runs
-under another run's dir (a gates run under <run>/prune/). With `report.paper=table_a` the
-published Table 3 (A) numbers are printed beside ours, labelled as the paper's. With several
-dirs, the first one's runs set report.base and report.paper: `heads-lab report <new sweep>
-<runs of an earlier sweep with the same settings>` reuses finished runs instead of repeating them.
+cost). Each row: the varied settings, the head shape (its variant's own kinds: h and kv_heads, or
+h_K, h and h_V; d_k, layers), parameters, valid PPL, test BLEU and chrF as mean ± std over seeds,
+tokens/s and peak memory, and sacrebleu's paired bootstrap p-value of its BLEU against the base row
+(the preset's `report.base`, else the first row), on the seed-matched hypotheses. Rows are in the
+order of their settings. Runs that failed or never finished are listed, never averaged in; so are
+runs under another run's dir (a gates run under <run>/prune/). With `report.paper=table_a` the
+published Table 3 (A) numbers are printed beside ours, labelled as the paper's. With several dirs,
+the first one's runs set report.base and report.paper: `heads-lab report <new sweep> <runs of an
+earlier sweep with the same settings>` reuses finished runs instead of repeating them; a head-shape
+key one preset leaves None and another sets to the value the None stands for (model.kv_heads None =
+model.heads) is one setting, so those runs share a row.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -38,6 +41,7 @@ PAPER = {"table_a": {"key": "model.heads", "label": "Vaswani et al. 2017 Table 3
                                                     32: (5.01, 25.4)}}}
 # Settings that never define a row: where things go, how they are logged, the seed.
 SHAPE = (*shape_keys(), ("d_k", "model.head_dim"), ("enc+dec", None))  # every variant's keys
+NOT_APPLICABLE = "–"  # a shape column that is not a key of the row's attention variant
 
 
 @dataclass
@@ -162,9 +166,40 @@ def collect(dirs: list[Path]) -> tuple[list[Run], list[tuple[str, str]]]:
     return runs, problems
 
 
+def model_shape(config: dict[str, Any]) -> dict[str, int]:
+    """A run's head shape as its attention variant states it (heads_lab.variants), with what a
+    None stands for given (model.kv_heads = model.heads, model.head_dim = d_model / heads, ...),
+    from its flattened config; {} for a config this version cannot read."""
+    from heads_lab.schemas import ModelConfig
+    from heads_lab.variants import VARIANTS
+
+    names = {f.name for f in dataclasses.fields(ModelConfig)}
+    try:
+        cfg = ModelConfig(**{k[len("model."):]: v for k, v in config.items()
+                             if k.startswith("model.") and k[len("model."):] in names})
+        kind = VARIANTS[getattr(cfg.attention, "value", cfg.attention)]
+        return {**kind.shape_values(cfg), "model.head_dim": cfg.d_head}
+    except (KeyError, TypeError, ZeroDivisionError):
+        return {}
+
+
+def fill_unset(runs: list[Run]) -> None:
+    """Runs of one model from two presets are one row: a shape key that some runs set and others
+    leave None (kv_heads 8 in `kv_heads`, None in `table_a`, both with 8 heads) takes, where
+    None, the value the None stands for. A key None in every run stays None (not a setting)."""
+    shapes = [model_shape(r.config) for r in runs]
+    for key in sorted({k for shape in shapes for k in shape}):
+        values = [r.config.get(key) for r in runs]
+        if None in values and any(v is not None for v in values):
+            for run, shape in zip(runs, shapes):
+                if run.config.get(key) is None and key in shape:
+                    run.config[key] = shape[key]
+
+
 def group(runs: list[Run]) -> tuple[list[Row], list[str]]:
     from heads_lab.tracking import short_key
 
+    fill_unset(runs)
     keys = sorted({k for r in runs for k in r.config})
     varying = [k for k in keys if not is_among(k, (*BOOKKEEPING, "seed"))
                and len({json.dumps(r.config.get(k), sort_keys=True) for r in runs}) > 1]
@@ -262,15 +297,16 @@ def render(rows: list[Row], base: Row, varying: list[str], split: str,
     body = []
     for row in rows:
         c, m = row.runs[0].config, [r.metrics for r in row.runs]
+        known = model_shape(c)
         shape = []
         for _, key in SHAPE:
             if key is None:
                 shape.append(f"{c.get('model.encoder_layers')}+{c.get('model.decoder_layers')}")
             elif key == "model.head_dim":
                 shape.append(str(row.runs[0].results.get("cost", {}).get("d_head")
-                                 or c.get(key) or c["model.d_model"] // c["model.heads"]))
-            else:
-                shape.append(str(c.get(key) if c.get(key) is not None else c.get("model.heads")))
+                                 or known.get(key) or c.get(key)))
+            else:  # "–": not a key of this row's attention variant (h_K for multi-head)
+                shape.append(str(known[key]) if key in known else NOT_APPLICABLE)
         cells = [row.label + (" (base)" if row is base else ""), *shape,
                  _params([x.get("cost/params") for x in m]),
                  str(len(row.runs)), _stat([x.get("valid/ppl") for x in m], 2),
@@ -286,6 +322,9 @@ def render(rows: list[Row], base: Row, varying: list[str], split: str,
             published = paper["rows"].get(c.get(paper["key"]))
             cells += [f"{published[0]:.2f}", f"{published[1]:.1f}"] if published else ["", ""]
         body.append(cells)
+    unused = [i for i in range(1, 1 + len(SHAPE)) if all(b[i] == NOT_APPLICABLE for b in body)]
+    header = [x for i, x in enumerate(header) if i not in unused]  # e.g. h_K in table_a's
+    body = [[x for i, x in enumerate(b) if i not in unused] for b in body]
     note = ("mean ± std over the runs (seeds) of a row; p: sacrebleu paired bootstrap of BLEU "
             "vs the base row (seed-matched hypotheses)")
     if gated:  # runs from before prune.gate_eval existed kept heads by the binary rule

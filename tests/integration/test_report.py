@@ -144,6 +144,9 @@ def test_report_joins_runs_of_two_sweeps_in_setting_order_first_dir_sets_the_pre
     assert [r["setting"] for r in first_th] == ["attention=mha,h=1 (base)", "attention=mha,h=4",
                                                 "attention=talking_heads,h=4"]
     assert [r["runs"] for r in first_th] == ["2", "2", "1"] and "paper BLEU" not in first_th[0]
+    # each row's head shape read back from its results.json, by its variant's own keys
+    assert [(r["h"], r["kv"], r["h_K"], r["h_V"]) for r in first_th] == [
+        ("1", "1", "–", "–"), ("4", "4", "–", "–"), ("4", "–", "4", "4")]
     first_a = report(sweep, other)  # table_a's preset: Vaswani et al.'s columns beside ours
     assert [r["setting"] for r in first_a] == [r["setting"] for r in first_th]
     assert [r["paper BLEU"] for r in first_a][:2] == ["24.9", "25.5"]

@@ -1,0 +1,56 @@
+"""The report's rows: runs of one model from two presets (one leaves a head count None, the other
+sets the value the None stands for) are one row; shape columns say only what applies."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from heads_lab.report import NOT_APPLICABLE, Run, base_row, group, render
+
+
+def _run(seed: int, **model) -> Run:
+    config = {"seed": seed, "model.d_model": 256, "model.heads": 8, "model.head_dim": None,
+              "model.attention": "mha", "model.kv_heads": None, "model.heads_k": None,
+              "model.heads_v": None, "model.encoder_layers": 3, "model.decoder_layers": 3}
+    config.update({f"model.{k}": v for k, v in model.items()})
+    return Run(Path(f"run{seed}"), config, {"test/bleu": 30.0 + seed}, {})
+
+
+def test_a_kv_heads_study_joined_with_table_a_runs_of_the_same_model_has_one_base_row():
+    kv = [_run(s, kv_heads=k) for k in (1, 4) for s in (1, 2)]
+    for run in kv:
+        run.config["report.base.model.kv_heads"] = 8  # the kv_heads preset's base row
+    table_a = [_run(s) for s in (1, 2)]  # 8 heads, kv_heads None: the kv_heads = 8 model
+    rows, varying = group(kv + table_a)
+    assert varying == ["model.kv_heads"]
+    assert [(r.label, len(r.runs)) for r in rows] == [("kv=1", 2), ("kv=4", 2), ("kv=8", 2)]
+    assert base_row(rows, kv + table_a).label == "kv=8"
+
+
+def test_talking_heads_with_explicit_and_defaulted_shape_keys_are_one_row():
+    explicit = [_run(s, attention="talking_heads", heads=h, heads_k=8, heads_v=8, head_dim=32)
+                for h in (4, 8) for s in (1, 2)]
+    defaulted = [_run(3, attention="talking_heads")]  # heads_k = heads_v = 8, d_k = 256 / 8
+    rows, varying = group(explicit + defaulted)
+    assert varying == ["model.heads"]
+    assert [(r.label, len(r.runs)) for r in rows] == [("h=4", 2), ("h=8", 3)]
+
+
+def test_keys_none_in_every_run_stay_unset_and_shape_columns_follow_the_variant():
+    mha = [_run(1, heads=h) for h in (1, 8)]
+    rows, varying = group(mha)
+    assert varying == ["model.heads"] and all(r.config["model.kv_heads"] is None for r in mha)
+    table = render(rows, rows[0], varying, "test", None)
+    assert table["header"][:5] == ["setting", "h", "kv", "d_k", "enc+dec"]  # no h_K, h_V
+    assert [b[1:5] for b in table["rows"]] == [["1", "1", "256", "3+3"], ["8", "8", "32", "3+3"]]
+
+    both = mha + [_run(1, attention="talking_heads", heads=4, heads_k=2, heads_v=8)]
+    rows, varying = group(both)
+    table = render(rows, rows[0], varying, "test", None)
+    columns = {name: i for i, name in enumerate(table["header"])}
+    talking = next(b for b in table["rows"] if b[0].startswith("attention=talking_heads"))
+    multi = next(b for b in table["rows"] if b[0].startswith("attention=mha,h=8"))
+    assert [talking[columns[k]] for k in ("h", "kv", "h_K", "h_V", "d_k")] == [
+        "4", NOT_APPLICABLE, "2", "8", "64"]
+    assert [multi[columns[k]] for k in ("h", "kv", "h_K", "h_V", "d_k")] == [
+        "8", "8", NOT_APPLICABLE, NOT_APPLICABLE, "32"]
