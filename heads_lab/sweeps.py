@@ -224,7 +224,12 @@ def user_errors(hydra_cfg):
     try:
         yield
     except Preempted as err:  # a stop signal: the whole command stops, resumable, not failed
-        print(f"error: {err}", file=sys.stderr)
+        if hydra_cfg.mode == RunMode.MULTIRUN:  # resumed by the sweep's command, not by the job's
+            job = job_label(list(hydra_cfg.overrides.task), hydra_cfg.job.num)
+            print(f"error: job {hydra_cfg.job.num} ({job}): {err.stopped}; run the same sweep "
+                  f"command (hydra.sweep.dir={hydra_cfg.sweep.dir}) to resume it", file=sys.stderr)
+        else:
+            print(f"error: {err}", file=sys.stderr)
         pass_on(err.signal_name)
         raise SystemExit(128 + signal_number(err.signal_name)) from None
     except HeadsLabError as err:

@@ -86,8 +86,9 @@ class Preempted(HeadsLabError):
 
     def __init__(self, signal_name: str, step: int, path: Path | None):
         where = f"checkpoint {path}" if path else "no checkpoint (checkpoints are off)"
-        super().__init__(f"stopped by {signal_name} at step {step}; saved {where}; run the same "
-                         "command with hydra.run.dir=<this run dir> to resume")
+        self.stopped = f"stopped by {signal_name} at step {step}; saved {where}"
+        super().__init__(f"{self.stopped}; run the same command with hydra.run.dir=<this run dir> "
+                         "to resume")
         self.signal_name = signal_name
 
 
