@@ -25,7 +25,10 @@ def is_multirun(overrides: list[str]) -> bool:
     return "-m" in overrides or "--multirun" in overrides
 
 
-WORKER_LAUNCHERS = ("local", "joblib")  # launchers whose jobs run in this machine's workers
+# Launchers whose jobs run in worker processes of this command (hydra/launcher=local or joblib),
+# by their _target_, however chosen (command line, a preset's defaults, a user's config).
+WORKER_LAUNCHERS = ("hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher",)
+_ARM: list = []  # set by forward_stop_signals; called by CountFailures.on_multirun_start
 
 
 def descendants(pid: int) -> list[int]:
@@ -47,20 +50,20 @@ def descendants(pid: int) -> list[int]:
 
 @contextlib.contextmanager
 def forward_stop_signals(overrides: list[str]):
-    """A sweep whose jobs run in worker processes (hydra/launcher=local): SIGTERM or SIGUSR2 sent
-    to this process alone (`kill <pid>`, a batch system stopping the command) goes on to the
+    """A sweep whose jobs run in worker processes (WORKER_LAUNCHERS): SIGTERM or SIGUSR2 sent to
+    this process alone (`kill <pid>`, a batch system stopping the command) goes on to the
     workers, whose jobs save a checkpoint and stop (joblib then starts no further job); this
     process exits 128 + the signal, and the same command resumes the sweep. Without this the workers
-    were orphaned and trained on. (Ctrl-C reaches the workers itself, via the terminal.)"""
+    were orphaned and trained on. (Ctrl-C reaches the workers itself, via the terminal.) The
+    handlers go in once the sweep's config says which launcher runs it (CountFailures)."""
     import signal
     import threading
 
-    launcher = next((o.split("=", 1)[1] for o in overrides if o.startswith("hydra/launcher=")), "")
-    if (not is_multirun(overrides) or launcher not in WORKER_LAUNCHERS
-            or threading.current_thread() is not threading.main_thread()):
+    if not is_multirun(overrides) or threading.current_thread() is not threading.main_thread():
         yield
         return
     received: list[int] = []
+    previous: dict = {}
 
     def handler(signum, frame):
         if not received:
@@ -71,14 +74,18 @@ def forward_stop_signals(overrides: list[str]):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signum)
 
-    wanted = [signal.SIGTERM] + ([signal.SIGUSR2] if hasattr(signal, "SIGUSR2") else [])
-    previous = {s: signal.signal(s, handler) for s in wanted}
+    def arm() -> None:
+        wanted = [signal.SIGTERM] + ([signal.SIGUSR2] if hasattr(signal, "SIGUSR2") else [])
+        previous.update({s: signal.signal(s, handler) for s in wanted if s not in previous})
+
+    _ARM.append(arm)
     try:
         yield
     except BaseException:  # the launcher re-raises a stopped job's SystemExit, or gives up
         if not received:
             raise
     finally:
+        _ARM.remove(arm)
         for s, h in previous.items():
             signal.signal(s, h)
     if received:
@@ -296,6 +303,9 @@ class CountFailures(Callback):
         import time
 
         self.started = time.time() - 1  # file times may be coarser than time.time()
+        if str(config.hydra.launcher.get("_target_", "")) in WORKER_LAUNCHERS:
+            for arm in list(_ARM):  # forward_stop_signals: stop signals reach the workers
+                arm()
 
     def on_multirun_end(self, config, **kwargs) -> None:
         started = getattr(self, "started", 0.0)

@@ -103,14 +103,24 @@ def test_eval_reevaluates_and_averages_without_touching_the_run(uninterrupted, t
     assert (run_dir / "results.json").read_bytes() == before
 
 
-def test_sigterm_to_a_local_launcher_sweep_stops_its_workers_and_the_sweep_resumes(tmp_path):
+@pytest.mark.parametrize("chosen_by", ["command line", "a config's defaults"])
+def test_sigterm_to_a_local_launcher_sweep_stops_its_workers_and_the_sweep_resumes(chosen_by,
+                                                                                   tmp_path):
     """`kill <pid>` of a sweep whose jobs run in joblib's workers (hydra/launcher=local), as a
     batch system or a user stops it: the workers' jobs save a checkpoint and stop (they used to
     be orphaned and train on), no further job starts, the command exits 143 saying how to
-    resume, and the same command then resumes the stopped jobs and runs the rest."""
+    resume, and the same command then resumes the stopped jobs and runs the rest. The launcher
+    may be chosen on the command line or by a config (a user's experiment preset)."""
     sweep = tmp_path / "sweep"
+    if chosen_by == "command line":
+        launcher = ["hydra/launcher=local"]
+    else:
+        (tmp_path / "conf" / "experiment").mkdir(parents=True)
+        (tmp_path / "conf" / "experiment" / "on_workers.yaml").write_text(
+            "# @package _global_\ndefaults:\n  - override /hydra/launcher: local\n")
+        launcher = [f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "+experiment=on_workers"]
     args = [EXE, "train", "-m", *[o for o in TINY if not o.startswith("trainer.max_steps")],
-            "trainer.max_steps=80", "trainer.save_every=4", "hydra/launcher=local",
+            "trainer.max_steps=80", "trainer.save_every=4", *launcher,
             "hydra.launcher.n_jobs=2", "trainer.threads=1", "seed=1,2,3",
             f"hydra.sweep.dir={sweep}"]
     proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
