@@ -117,7 +117,7 @@ def _run_hydra(task: Callable, command: str, overrides: list[str]) -> int:
         return _hydra_help(entry, [o for o in overrides if o not in ("--help", "-h", "-m",
                                                                       "--multirun")])
     try:
-        with _shared_start_time(), sweeps.forward_stop_signals(overrides):
+        with _shared_start_time(), sweeps.forward_stop_signals():
             entry()
     finally:
         _leave_process_group()

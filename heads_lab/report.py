@@ -174,6 +174,8 @@ def model_shape(config: dict[str, Any]) -> dict[str, int]:
     from heads_lab.variants import VARIANTS
 
     names = {f.name for f in dataclasses.fields(ModelConfig)}
+    if config.get("model.heads") is None:
+        return {}
     try:
         cfg = ModelConfig(**{k[len("model."):]: v for k, v in config.items()
                              if k.startswith("model.") and k[len("model."):] in names})
@@ -197,6 +199,8 @@ def fill_unset(runs: list[Run]) -> None:
 
 
 def group(runs: list[Run]) -> tuple[list[Row], list[str]]:
+    """Rows of runs with equal settings (seeds pooled), in the order of their settings, and the
+    keys that vary. Fills the runs' unset shape keys in place where others set them (fill_unset)."""
     from heads_lab.tracking import short_key
 
     fill_unset(runs)
@@ -304,9 +308,12 @@ def render(rows: list[Row], base: Row, varying: list[str], split: str,
                 shape.append(f"{c.get('model.encoder_layers')}+{c.get('model.decoder_layers')}")
             elif key == "model.head_dim":
                 shape.append(str(row.runs[0].results.get("cost", {}).get("d_head")
-                                 or known.get(key) or c.get(key)))
-            else:  # "–": not a key of this row's attention variant (h_K for multi-head)
+                                 or known.get(key) or c.get(key)
+                                 or c.get("model.d_model", 0) // (c.get("model.heads") or 1)))
+            elif known:  # "–": not a key of this row's attention variant (h_K for multi-head)
                 shape.append(str(known[key]) if key in known else NOT_APPLICABLE)
+            else:  # a config this version cannot read: as written, unset = model.heads
+                shape.append(str(c.get(key) if c.get(key) is not None else c.get("model.heads")))
         cells = [row.label + (" (base)" if row is base else ""), *shape,
                  _params([x.get("cost/params") for x in m]),
                  str(len(row.runs)), _stat([x.get("valid/ppl") for x in m], 2),

@@ -49,21 +49,23 @@ def descendants(pid: int) -> list[int]:
 
 
 @contextlib.contextmanager
-def forward_stop_signals(overrides: list[str]):
+def forward_stop_signals():
     """A sweep whose jobs run in worker processes (WORKER_LAUNCHERS): SIGTERM or SIGUSR2 sent to
     this process alone (`kill <pid>`, a batch system stopping the command) goes on to the
     workers, whose jobs save a checkpoint and stop (joblib then starts no further job); this
-    process exits 128 + the signal, and the same command resumes the sweep. Without this the workers
+    process exits 128 + the signal, and the same command with hydra.sweep.dir=<its dir> resumes
+    the sweep (a default sweep dir is new each time). Without this the workers
     were orphaned and trained on. (Ctrl-C reaches the workers itself, via the terminal.) The
     handlers go in once the sweep's config says which launcher runs it (CountFailures)."""
     import signal
     import threading
 
-    if not is_multirun(overrides) or threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
     received: list[int] = []
     previous: dict = {}
+    sweep_dir: list[str] = []
 
     def handler(signum, frame):
         if not received:
@@ -74,7 +76,8 @@ def forward_stop_signals(overrides: list[str]):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signum)
 
-    def arm() -> None:
+    def arm(directory: str) -> None:
+        sweep_dir[:] = [directory]
         wanted = [signal.SIGTERM] + ([signal.SIGUSR2] if hasattr(signal, "SIGUSR2") else [])
         previous.update({s: signal.signal(s, handler) for s in wanted if s not in previous})
 
@@ -90,8 +93,9 @@ def forward_stop_signals(overrides: list[str]):
             signal.signal(s, h)
     if received:
         name = signal.Signals(received[0]).name
-        print(f"error: sweep stopped by {name}: run the same command again to resume (finished "
-              "jobs are skipped, stopped ones resume from their checkpoints)", file=sys.stderr)
+        print(f"error: sweep stopped by {name}: run the same command with hydra.sweep.dir="
+              f"{sweep_dir[0]} to resume (finished jobs are skipped, stopped ones resume from "
+              "their checkpoints)", file=sys.stderr)
         raise SystemExit(128 + received[0])
 
 
@@ -231,12 +235,15 @@ def user_errors(hydra_cfg):
     try:
         yield
     except Preempted as err:  # a stop signal: the whole command stops, resumable, not failed
-        if hydra_cfg.mode == RunMode.MULTIRUN:  # resumed by the sweep's command, not by the job's
-            job = job_label(list(hydra_cfg.overrides.task), hydra_cfg.job.num)
-            print(f"error: job {hydra_cfg.job.num} ({job}): {err.stopped}; run the same sweep "
-                  f"command (hydra.sweep.dir={hydra_cfg.sweep.dir}) to resume it", file=sys.stderr)
+        requeued = scheduler_handler(err.signal_name) is not None  # SLURM resumes it itself
+        if hydra_cfg.mode != RunMode.MULTIRUN:
+            print(f"error: {err.stopped if requeued else err}", file=sys.stderr)
         else:
-            print(f"error: {err}", file=sys.stderr)
+            job = job_label(list(hydra_cfg.overrides.task), hydra_cfg.job.num)
+            advice = ("" if requeued else "; run the same sweep command with hydra.sweep.dir="
+                      f"{hydra_cfg.sweep.dir} to resume it")
+            print(f"error: job {hydra_cfg.job.num} ({job}): {err.stopped}{advice}",
+                  file=sys.stderr)
         pass_on(err.signal_name)
         raise SystemExit(128 + signal_number(err.signal_name)) from None
     except HeadsLabError as err:
@@ -281,17 +288,28 @@ def pass_on(signal_name: str) -> None:
     checkpoint. A plain command has no such handler and just stops."""
     import signal
 
-    try:
-        signum = signal.Signals[signal_name]
-    except KeyError:  # "a signal on another rank"
-        return
-    handler = signal.getsignal(signum)
-    if callable(handler) and handler is not signal.default_int_handler:
+    handler = scheduler_handler(signal_name)
+    if handler is not None:
         owner = getattr(handler, "__self__", handler)
         print(f"{signal_name} passed on to {type(owner).__module__}.{type(owner).__qualname__} (a "
               "scheduler's handler: SLURM requeues the job, which resumes from the checkpoint)",
               file=sys.stderr)
-        handler(signum, None)
+        handler(signal.Signals[signal_name], None)
+
+
+def scheduler_handler(signal_name: str):
+    """The handler of `signal_name` that was in place before training began, if it is a
+    program's own (submitit's preemption handler under SLURM), else None."""
+    import signal
+
+    try:
+        signum = signal.Signals[signal_name]
+    except KeyError:  # "a signal on another rank"
+        return None
+    handler = signal.getsignal(signum)
+    if callable(handler) and handler is not signal.default_int_handler:
+        return handler
+    return None
 
 
 class CountFailures(Callback):
@@ -305,7 +323,7 @@ class CountFailures(Callback):
         self.started = time.time() - 1  # file times may be coarser than time.time()
         if str(config.hydra.launcher.get("_target_", "")) in WORKER_LAUNCHERS:
             for arm in list(_ARM):  # forward_stop_signals: stop signals reach the workers
-                arm()
+                arm(str(config.hydra.sweep.dir))
 
     def on_multirun_end(self, config, **kwargs) -> None:
         started = getattr(self, "started", 0.0)

@@ -45,7 +45,7 @@ class Variant:
     def shape_values(self, cfg) -> dict[str, int]:
         """{shape key: the count it stands for}: a key left None (= model.heads) is given its
         value, so that two configs of one model compare equal (the report's rows)."""
-        raise NotImplementedError
+        return {key: getattr(cfg, key.split(".", 1)[1]) or cfg.heads for _, key in self.shape}
 
     def mix_params(self, cfg) -> int:
         """Parameters beyond the projections (talking heads' mixes)."""
@@ -87,10 +87,6 @@ class MultiHead(Variant):
     def counts(self, cfg) -> Counts:
         h, kv = cfg.heads, cfg.kv_heads or cfg.heads
         return Counts(h, kv, kv, h, h)
-
-    def shape_values(self, cfg) -> dict[str, int]:
-        c = self.counts(cfg)
-        return {"model.heads": c.h, "model.kv_heads": c.k}
 
     def activation_bytes(self, cfg, n: float, m: float) -> float:
         """The CPU matmul path (every translation length): the softmax weights, for softmax's
@@ -137,10 +133,6 @@ class TalkingHeads(Variant):
     def counts(self, cfg) -> Counts:
         hk, hv = cfg.heads_k or cfg.heads, cfg.heads_v or cfg.heads
         return Counts(hk, hk, hv, cfg.heads, hv)
-
-    def shape_values(self, cfg) -> dict[str, int]:
-        c = self.counts(cfg)
-        return {"model.heads_k": c.k, "model.heads": c.h, "model.heads_v": c.v}
 
     def kinds(self, cfg) -> dict[str, int]:
         c = self.counts(cfg)

@@ -134,10 +134,12 @@ def test_sigterm_to_a_local_launcher_sweep_stops_its_workers_and_the_sweep_resum
     assert proc.returncode == 143, err + out
     assert "Traceback" not in err
     assert err.strip().splitlines()[-1].startswith("error: sweep stopped by SIGTERM: run the "
-                                                   "same command again to resume"), err
+                                                   f"same command with hydra.sweep.dir={sweep} "
+                                                   "to resume"), err
     jobs = [line for line in err.splitlines() if "stopped by SIGTERM at step" in line]
-    assert jobs and all(line.startswith("error: job ") and "run the same sweep command" in line
-                        and "hydra.run.dir" not in line for line in jobs), err
+    assert jobs and all(line.startswith("error: job ") and "hydra.run.dir" not in line and
+                        f"run the same sweep command with hydra.sweep.dir={sweep}" in line
+                        for line in jobs), err
     for _ in range(200):  # nothing of the sweep runs on (workers, their resource trackers)
         try:
             os.killpg(proc.pid, 0)

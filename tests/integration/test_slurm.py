@@ -148,6 +148,8 @@ def test_a_preempted_job_is_requeued_and_resumes_to_the_uninterrupted_numbers(cl
         (run_dir / "train.log").read_text()
     logs = "".join(p.read_text() for p in (sweep / ".submitit" / job).glob("*.err"))
     assert f"stopped by SIGUSR2 at step {stopped}" in logs
+    # SLURM requeues it: no advice to run the sweep again by hand (that would start a copy)
+    assert "SLURM requeues the job" in logs and "run the same" not in logs, logs
     assert _sacct(job, duplicates=True) == ["REQUEUED", "COMPLETED"]
     assert results["train"]["steps"] == uninterrupted["train"]["steps"] == 300
     for key in EXACT:

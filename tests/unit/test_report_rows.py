@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from heads_lab.report import NOT_APPLICABLE, Run, base_row, group, render
+from heads_lab.report import NOT_APPLICABLE, Run, base_row, group, model_shape, render
 
 
 def _run(seed: int, **model) -> Run:
@@ -54,3 +54,12 @@ def test_keys_none_in_every_run_stay_unset_and_shape_columns_follow_the_variant(
         "4", NOT_APPLICABLE, "2", "8", "64"]
     assert [multi[columns[k]] for k in ("h", "kv", "h_K", "h_V", "d_k")] == [
         "8", "8", NOT_APPLICABLE, NOT_APPLICABLE, "32"]
+
+
+def test_a_config_without_head_counts_has_no_shape_and_is_shown_as_written():
+    assert model_shape({}) == {} and model_shape({"model.heads": 4, "model.attention": "x"}) == {}
+    odd = _run(1, attention="not_a_variant", heads=4)
+    rows, varying = group([odd])
+    table = render(rows, rows[0], varying, "test", None)
+    columns = {name: i for i, name in enumerate(table["header"])}
+    assert table["rows"][0][columns["h"]] == "4" and table["rows"][0][columns["d_k"]] == "64"
