@@ -344,9 +344,32 @@ def render(rows: list[Row], base: Row, varying: list[str], split: str,
     return {"header": header, "rows": body, "note": note, "varying": varying}
 
 
+def curves(rows: list[Row], varying: list[str]) -> tuple[str | None, dict[str, list[int]]]:
+    """What the quality plot draws: the x setting (the one numeric setting that varies, else None:
+    the rows side by side) and one line per value of the other varying settings (attention=mha,
+    attention=talking_heads), each as row indices in the order of x."""
+    from heads_lab.tracking import short_key
+
+    def is_number(value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+    numbers = [k for k in varying if all(is_number(row.runs[0].config.get(k)) for row in rows)]
+    if len(numbers) != 1:
+        return None, {"": list(range(len(rows)))}
+    x_key = numbers[0]
+    lines: dict[str, list[int]] = {}
+    for i, row in enumerate(rows):
+        label = ",".join(f"{short_key(k)}={row.runs[0].config.get(k)}" for k in varying
+                         if k != x_key)
+        lines.setdefault(label, []).append(i)
+    for order in lines.values():
+        order.sort(key=lambda i: rows[i].runs[0].config.get(x_key))
+    return x_key, lines
+
+
 def plot(rows: list[Row], varying: list[str], split: str, out: Path) -> list[Path]:
-    """BLEU and PPL against the swept setting (numeric when one setting varies), and BLEU
-    against training tokens/s; error bars are the std over seeds."""
+    """BLEU and PPL against the swept setting (numeric when one numeric setting varies, a line per
+    value of the others), and BLEU against training tokens/s; error bars are the std over seeds."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -358,18 +381,20 @@ def plot(rows: list[Row], varying: list[str], split: str, out: Path) -> list[Pat
         return ([statistics.fmean(v) if v else math.nan for v in values],
                 [statistics.stdev(v) if len(v) > 1 else 0.0 for v in values])
 
-    numeric = len(varying) == 1 and all(
-        isinstance(row.runs[0].config.get(varying[0]), (int, float)) for row in rows)
-    xs = [row.runs[0].config.get(varying[0]) for row in rows] if numeric else list(range(len(rows)))
-    order = sorted(range(len(rows)), key=lambda i: xs[i])
+    x_key, lines = curves(rows, varying)
+    numeric = x_key is not None
+    xs = [row.runs[0].config.get(x_key) for row in rows] if numeric else list(range(len(rows)))
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, metric, name in ((axes[0], f"{split}/bleu", f"{split} BLEU"),
                              (axes[1], "valid/ppl", "valid PPL")):
         mean, std = series(metric)
-        ax.errorbar([xs[i] for i in order], [mean[i] for i in order], [std[i] for i in order],
-                    marker="o", capsize=4)
+        for label, order in lines.items():
+            ax.errorbar([xs[i] for i in order], [mean[i] for i in order],
+                        [std[i] for i in order], marker="o", capsize=4, label=label or None)
+        if len(lines) > 1:
+            ax.legend(fontsize=8)
         ax.set_ylabel(name)
-        ax.set_xlabel(varying[0] if numeric else "setting")
+        ax.set_xlabel(x_key if numeric else "setting")
         if numeric and min(xs) > 0 and max(xs) / min(xs) >= 8:
             ax.set_xscale("log", base=2)
         if not numeric:

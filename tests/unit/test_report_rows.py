@@ -63,3 +63,20 @@ def test_a_config_without_head_counts_has_no_shape_and_is_shown_as_written():
     table = render(rows, rows[0], varying, "test", None)
     columns = {name: i for i, name in enumerate(table["header"])}
     assert table["rows"][0][columns["h"]] == "4" and table["rows"][0][columns["d_k"]] == "64"
+
+
+def test_the_quality_plot_draws_a_line_per_attention_kind_against_h():
+    from heads_lab.report import curves
+
+    runs = ([_run(1, heads=h) for h in (16, 4, 8)]
+            + [_run(1, attention="talking_heads", heads=h) for h in (8, 4)])
+    rows, varying = group(runs)
+    x_key, lines = curves(rows, varying)
+    assert x_key == "model.heads"
+    assert {label: [rows[i].runs[0].config["model.heads"] for i in order]
+            for label, order in lines.items()} == {"attention=mha": [4, 8, 16],
+                                                   "attention=talking_heads": [4, 8]}
+    x_key, lines = curves(*group([_run(1, heads=h) for h in (4, 1)]))  # table_a: one line
+    assert x_key == "model.heads" and list(lines) == [""] and len(lines[""]) == 2
+    both = [_run(1, heads=4, kv_heads=2), _run(1, heads=8, kv_heads=1)]  # two numbers vary
+    assert curves(*group(both)) == (None, {"": [0, 1]})
