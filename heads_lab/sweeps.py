@@ -54,9 +54,9 @@ def forward_stop_signals():
     this process alone (`kill <pid>`, a batch system stopping the command) goes on to the
     workers, whose jobs save a checkpoint and stop (joblib then starts no further job); this
     process exits 128 + the signal, and the same command with hydra.sweep.dir=<its dir> resumes
-    the sweep (a default sweep dir is new each time). Without this the workers
-    were orphaned and trained on. (Ctrl-C reaches the workers itself, via the terminal.) The
-    handlers go in once the sweep's config says which launcher runs it (CountFailures)."""
+    the sweep (a default sweep dir is new each time). Without this the workers were orphaned and
+    trained on. (Ctrl-C reaches the workers itself, via the terminal.) The handlers go in once
+    the sweep's config says which launcher runs it (CountFailures.on_multirun_start)."""
     import signal
     import threading
 
