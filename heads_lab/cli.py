@@ -177,6 +177,8 @@ def train_task(cfg) -> float | None:
     from heads_lab.tracking import short_name
 
     hydra_cfg = HydraConfig.get()
+    if sweeps.not_started(hydra_cfg):  # a worker of a stopping sweep
+        return None
     with sweeps.user_errors(hydra_cfg):
         run_dir = Path(hydra_cfg.runtime.output_dir)
         finished = sweeps.finished_job(run_dir, hydra_cfg)

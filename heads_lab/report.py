@@ -146,8 +146,9 @@ def collect(dirs: list[Path]) -> tuple[list[Run], list[tuple[str, str]]]:
             continue
         path = run_dir / "results.json"
         if not path.is_file():
-            failed = run_dir / "failed.json"
-            status = (json.loads(failed.read_text()).get("error", "failed") if failed.is_file()
+            failed = [p for p in (run_dir / "failed.json", run_dir / "stopped.json")
+                      if p.is_file()]
+            status = (json.loads(failed[0].read_text()).get("error", "failed") if failed
                       else "no results.json: still running, killed, or not started")
             problems.append((str(run_dir), status))
             continue

@@ -48,6 +48,7 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
     ensure_writable(run_dir, "the run dir")
     # a failed sweep job run again is no longer failed (if it fails again, it says so again)
     (run_dir / "failed.json").unlink(missing_ok=True)
+    (run_dir / "stopped.json").unlink(missing_ok=True)
     torch.set_num_threads(run.trainer.threads or DEFAULT_THREADS)  # never inherit a sweep job's
     seed_everything(run.seed)
     ranks = data_parallel.from_env(run.trainer.dist_timeout_s)
@@ -225,31 +226,59 @@ def evaluate_on_split(run: RunConfig, model: Transformer, corpus, device: torch.
     return split, ppl, score(hyps, split.tgt_text, run.eval.bleu_tokenize)
 
 
+_STOPS: list[str] = []  # the stop signals received while _on_stop was installed
+
+
+def _on_stop(signum, frame):
+    name = signal.Signals(signum).name
+    if name == "SIGINT" and "SIGINT" in _STOPS:  # a second Ctrl-C
+        raise KeyboardInterrupt
+    _STOPS.append(name)
+    log.warning("%s received: saving a checkpoint after this update, then stopping", name)
+
+
+def _stop_signal_numbers() -> list[signal.Signals]:
+    return [signal.SIGTERM, signal.SIGINT] + ([signal.SIGUSR2] if hasattr(signal, "SIGUSR2")
+                                              else [])
+
+
 @contextlib.contextmanager
 def stop_signals():
     """SIGTERM, SIGINT and SIGUSR2 (a scheduler's preemption or time-limit warning, Ctrl-C)
     ask the training loop to save a checkpoint after the current update and stop; a second
-    Ctrl-C stops at once. Yields the function the loop polls (the signal's name, or None)."""
-    received: list[str] = []
-    wanted = [signal.SIGTERM, signal.SIGINT] + ([signal.SIGUSR2] if hasattr(signal, "SIGUSR2") else [])
-
-    def handler(signum, frame):
-        if received and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        received.append(signal.Signals(signum).name)
-        log.warning("%s received: saving a checkpoint after this update, then stopping",
-                    received[-1])
-
+    Ctrl-C stops at once. Yields the function the loop polls (the signal's name, or None).
+    In a sweep's worker process the handler is already in place (keep_stop_signals) and stays."""
+    poll = lambda: _STOPS[0] if _STOPS else None  # noqa: E731
+    if signal.getsignal(signal.SIGTERM) is _on_stop:  # kept: a sweep's worker process
+        yield poll
+        return
+    _STOPS.clear()
     try:
-        previous = {s: signal.signal(s, handler) for s in wanted}
+        previous = {s: signal.signal(s, _on_stop) for s in _stop_signal_numbers()}
     except ValueError:  # not the main thread: leave signals alone
         yield lambda: None
         return
     try:
-        yield lambda: received[0] if received else None
+        yield poll
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+def caught_by_heads_lab(handler) -> bool:
+    return handler is _on_stop
+
+
+def keep_stop_signals() -> str | None:
+    """In a sweep's worker process (joblib): stop signals are caught from its first job on, and
+    stay caught between jobs, so that one arriving while a job starts or between two jobs is
+    neither lost nor fatal (a worker killed by it made joblib kill the others, mid-checkpoint).
+    Returns the stop signal this process has received (no further job starts), or None."""
+    if signal.getsignal(signal.SIGTERM) is not _on_stop:
+        _STOPS.clear()
+        for s in _stop_signal_numbers():
+            signal.signal(s, _on_stop)
+    return _STOPS[0] if _STOPS else None
 
 
 def ensure_writable(path: Path, label: str) -> None:

@@ -29,6 +29,8 @@ def is_multirun(overrides: list[str]) -> bool:
 # by their _target_, however chosen (command line, a preset's defaults, a user's config).
 WORKER_LAUNCHERS = ("hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher",)
 _ARM: list = []  # set by forward_stop_signals; called by CountFailures.on_multirun_start
+SWEEP_PID_ENV = "HEADS_LAB_SWEEP_PID"  # the sweep's own process, seen by its worker processes
+STOPPED_JOBS: list[tuple[str, str]] = []  # (job, signal) stopped in worker processes
 
 
 def descendants(pid: int) -> list[int]:
@@ -48,14 +50,37 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def catches(pid: int, signum: int) -> bool:
+    """Whether process `pid` has a handler for `signum` (Linux /proc; elsewhere False): a
+    worker that would die of a stop signal (idle, or still starting) is not sent one."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    for line in status.splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    return False
+
+
+def in_worker() -> bool:
+    """Whether this process runs jobs for a sweep's own process (a joblib worker)."""
+    pid = os.environ.get(SWEEP_PID_ENV)
+    return bool(pid) and pid != str(os.getpid())
+
+
 @contextlib.contextmanager
 def forward_stop_signals():
     """A sweep whose jobs run in worker processes (WORKER_LAUNCHERS): SIGTERM or SIGUSR2 sent to
     this process alone (`kill <pid>`, a batch system stopping the command) goes on to the
-    workers, whose jobs save a checkpoint and stop (joblib then starts no further job); this
-    process exits 128 + the signal, and the same command with hydra.sweep.dir=<its dir> resumes
-    the sweep (a default sweep dir is new each time). Without this the workers were orphaned and
-    trained on. (Ctrl-C reaches the workers itself, via the terminal.) The handlers go in once
+    workers, whose running jobs save a checkpoint and stop; no further job starts (without this
+    the workers were orphaned and trained on). Ctrl-C reaches the workers from the terminal, and
+    goes on to them as SIGTERM too (for `kill -INT <pid>`). This process then waits until every
+    running job has saved its checkpoint (a stopped job returns instead of raising: joblib kills
+    all its workers when a job raises, and used to kill the others mid-save), and exits 128 + the
+    signal, saying to run the same command with hydra.sweep.dir=<its dir> to resume (a default
+    sweep dir is new each time). A second Ctrl-C stops at once. A job stopped by a signal sent
+    to its worker alone stops the sweep the same way (its stopped.json). The handlers go in once
     the sweep's config says which launcher runs it (CountFailures.on_multirun_start)."""
     import signal
     import threading
@@ -66,37 +91,54 @@ def forward_stop_signals():
     received: list[int] = []
     previous: dict = {}
     sweep_dir: list[str] = []
+    done = threading.Event()
+
+    def forward(signum: int) -> None:
+        sent: set[int] = set()
+        while True:  # a worker still starting its job catches the signal later: send it then
+            for pid in descendants(os.getpid()):
+                if pid not in sent and catches(pid, signum):
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signum)
+                    sent.add(pid)
+            if done.wait(0.1):
+                return
 
     def handler(signum, frame):
+        if signum == signal.SIGINT and signal.SIGINT in received:
+            raise KeyboardInterrupt  # a second Ctrl-C: joblib kills the workers
         if not received:
             print(f"{signal.Signals(signum).name} received: the running jobs save a checkpoint "
                   "and stop; no further job starts", file=sys.stderr)
+            onward = signal.SIGTERM if signum == signal.SIGINT else signum
+            threading.Thread(target=forward, args=(onward,), daemon=True).start()
         received.append(signum)
-        for pid in descendants(os.getpid()):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signum)
 
     def arm(directory: str) -> None:
         sweep_dir[:] = [directory]
-        wanted = [signal.SIGTERM] + ([signal.SIGUSR2] if hasattr(signal, "SIGUSR2") else [])
+        os.environ[SWEEP_PID_ENV] = str(os.getpid())  # the workers learn they are workers
+        wanted = [signal.SIGTERM, signal.SIGINT] + ([signal.SIGUSR2]
+                                                    if hasattr(signal, "SIGUSR2") else [])
         previous.update({s: signal.signal(s, handler) for s in wanted if s not in previous})
 
     _ARM.append(arm)
     try:
         yield
-    except BaseException:  # the launcher re-raises a stopped job's SystemExit, or gives up
+    except BaseException:  # the launcher gives up (a second Ctrl-C, a worker killed)
         if not received:
             raise
     finally:
+        done.set()
         _ARM.remove(arm)
+        os.environ.pop(SWEEP_PID_ENV, None)
         for s, h in previous.items():
             signal.signal(s, h)
-    if received:
-        name = signal.Signals(received[0]).name
-        print(f"error: sweep stopped by {name}: run the same command with hydra.sweep.dir="
-              f"{sweep_dir[0]} to resume (finished jobs are skipped, stopped ones resume from "
-              "their checkpoints)", file=sys.stderr)
-        raise SystemExit(128 + received[0])
+    if received or STOPPED_JOBS:
+        signum = received[0] if received else signal_number(STOPPED_JOBS[0][1])
+        print(f"error: sweep stopped by {signal.Signals(signum).name}: run the same command "
+              f"with hydra.sweep.dir={sweep_dir[0]} to resume (finished jobs are skipped, "
+              "stopped ones resume from their checkpoints)", file=sys.stderr)
+        raise SystemExit(128 + signum)
 
 
 def refuse_finished_run_dir(overrides: list[str]) -> None:
@@ -244,6 +286,10 @@ def user_errors(hydra_cfg):
                       f"{hydra_cfg.sweep.dir} to resume it")
             print(f"error: job {hydra_cfg.job.num} ({job}): {err.stopped}{advice}",
                   file=sys.stderr)
+            if in_worker():  # return: joblib would kill the other workers, mid-checkpoint
+                record_stopped(Path(hydra_cfg.runtime.output_dir), err.signal_name, job,
+                               err.stopped)
+                return
         pass_on(err.signal_name)
         raise SystemExit(128 + signal_number(err.signal_name)) from None
     except HeadsLabError as err:
@@ -268,6 +314,33 @@ def job_label(task: list[str], num: int) -> str:
     else:
         varying = [o for o in task if o not in FIXED_OVERRIDES]
     return ",".join(varying) or str(num)
+
+
+def not_started(hydra_cfg) -> bool:
+    """In a sweep's worker process, before a job: whether a stop signal has reached this
+    process (the sweep is stopping; the job must not start, and says so in its stopped.json).
+    From its first job on, the worker catches stop signals (runner.keep_stop_signals)."""
+    from heads_lab.runner import keep_stop_signals
+
+    if not in_worker():
+        return False
+    name = keep_stop_signals()
+    if name is None:
+        return False
+    job = job_label(list(hydra_cfg.overrides.task), hydra_cfg.job.num)
+    record_stopped(Path(hydra_cfg.runtime.output_dir), name, job,
+                   f"not started: the sweep was stopped by {name}")
+    return True
+
+
+def record_stopped(run_dir: Path, signal_name: str, job: str, what: str) -> None:
+    """A sweep job stopped by a signal in a worker process says so in its run dir (stopped.json),
+    for the sweep's exit code and for `heads-lab report`."""
+    from heads_lab.files import write_json
+
+    with contextlib.suppress(OSError):
+        write_json(run_dir / "stopped.json", {"status": "stopped", "job": job,
+                                              "signal": signal_name, "error": what})
 
 
 def record_failure(run_dir: Path, error: str, job: str) -> None:
@@ -306,8 +379,11 @@ def scheduler_handler(signal_name: str):
         signum = signal.Signals[signal_name]
     except KeyError:  # "a signal on another rank"
         return None
+    from heads_lab.runner import caught_by_heads_lab
+
     handler = signal.getsignal(signum)
-    if callable(handler) and handler is not signal.default_int_handler:
+    if callable(handler) and handler is not signal.default_int_handler and \
+            not caught_by_heads_lab(handler):  # a sweep worker's own (keep_stop_signals)
         return handler
     return None
 
@@ -337,6 +413,15 @@ class CountFailures(Callback):
                 job = path.parent.name
             if job not in FAILED_JOBS:
                 FAILED_JOBS.append(job)
+        for path in sorted(Path(str(config.hydra.sweep.dir)).glob("*/stopped.json"),
+                           key=lambda p: p.parent.name):
+            try:
+                if path.stat().st_mtime >= started:
+                    stopped = json.loads(path.read_text())
+                    STOPPED_JOBS.append((stopped.get("job", path.parent.name),
+                                         stopped.get("signal", "SIGTERM")))
+            except (OSError, json.JSONDecodeError):
+                continue
 
 
 def signal_number(name: str) -> int:
@@ -366,6 +451,7 @@ def prepare(overrides: list[str]) -> list[str]:
                            if len({job_.get(k) for job_ in jobs}) > 1})
             os.environ[SWEEP_KEYS_ENV] = json.dumps(keys)
     FAILED_JOBS.clear()
+    STOPPED_JOBS.clear()
     FIXED_OVERRIDES.clear()
     FIXED_OVERRIDES.update(o for o in overrides if "," not in o.split("=", 1)[-1])
     return overrides

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -103,14 +104,36 @@ def test_eval_reevaluates_and_averages_without_touching_the_run(uninterrupted, t
     assert (run_dir / "results.json").read_bytes() == before
 
 
-@pytest.mark.parametrize("chosen_by", ["command line", "a config's defaults"])
-def test_sigterm_to_a_local_launcher_sweep_stops_its_workers_and_the_sweep_resumes(chosen_by,
-                                                                                   tmp_path):
+# Loaded by every process of the sweep (PYTHONPATH): once the file SLOW exists, job 1's
+# checkpoints take 3 s to land, so job 0 finishes its stop well before job 1 does.
+SLOW_SAVE = """
+import os, time
+_replace = os.replace
+def _slow_replace(src, dst, *args, **kwargs):
+    if str(src).endswith(".pt.tmp") and "/1_" in str(src) and os.path.exists({slow!r}):
+        time.sleep(3)
+    return _replace(src, dst, *args, **kwargs)
+os.replace = _slow_replace
+"""
+
+
+@pytest.mark.parametrize("chosen_by,stop", [("command line", "SIGTERM"),
+                                             ("a config's defaults", "SIGTERM"),
+                                             ("command line", "SIGINT"),
+                                             ("command line", "SIGTERM to one worker")])
+def test_a_stop_signal_to_a_local_launcher_sweep_stops_its_workers_and_the_sweep_resumes(
+        chosen_by, stop, tmp_path):
     """`kill <pid>` of a sweep whose jobs run in joblib's workers (hydra/launcher=local), as a
-    batch system or a user stops it: the workers' jobs save a checkpoint and stop (they used to
-    be orphaned and train on), no further job starts, the command exits 143 saying how to
-    resume, and the same command then resumes the stopped jobs and runs the rest. The launcher
-    may be chosen on the command line or by a config (a user's experiment preset)."""
+    batch system or a user stops it, or Ctrl-C (SIGINT to the whole process group, as a
+    terminal sends it): every running job saves its checkpoint and stops (they used to be
+    orphaned and train on; later, the first job to stop made joblib kill the other worker in
+    the middle of its save), no further job starts, the command exits 128 + the signal saying
+    how to resume, and the same command then resumes the stopped jobs and runs the rest. The
+    launcher may be chosen on the command line or by a config (a user's experiment preset).
+    SIGTERM to one worker alone stops its job the same way; the other job runs to its end, and
+    the sweep still says it was stopped."""
+    from heads_lab.sweeps import catches, descendants
+
     sweep = tmp_path / "sweep"
     if chosen_by == "command line":
         launcher = ["hydra/launcher=local"]
@@ -123,23 +146,38 @@ def test_sigterm_to_a_local_launcher_sweep_stops_its_workers_and_the_sweep_resum
             "trainer.max_steps=80", "trainer.save_every=4", *launcher,
             "hydra.launcher.n_jobs=2", "trainer.threads=1", "seed=1,2,3",
             f"hydra.sweep.dir={sweep}"]
+    slow = tmp_path / "slow"
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(SLOW_SAVE.format(slow=str(slow)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(tmp_path / "site"), *filter(None, [os.environ.get("PYTHONPATH")])])}
     proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, env=env)
     deadline = time.time() + 240
     while len({p.parent.parent for p in sweep.glob("*/checkpoints/step_*.pt")}) < 2:
         assert proc.poll() is None and time.time() < deadline, proc.communicate()
         time.sleep(0.05)  # both running jobs are inside their training loops
-    proc.send_signal(signal.SIGTERM)  # to the sweep's own process only, not its group
+    if "worker" not in stop:  # (there the other job runs to its end: it would be slow)
+        slow.touch()
+    if stop == "SIGTERM":
+        proc.send_signal(signal.SIGTERM)  # to the sweep's own process only, not its group
+    elif stop == "SIGINT":
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals every process
+    else:
+        workers = [p for p in descendants(proc.pid) if catches(p, signal.SIGTERM)]
+        assert len(workers) == 2, workers  # the two workers running a job, no other process
+        os.kill(workers[0], signal.SIGTERM)
     out, err = proc.communicate(timeout=240)
-    assert proc.returncode == 143, err + out
+    name = stop.split()[0]
+    assert proc.returncode == 128 + signal.Signals[name], err + out
     assert "Traceback" not in err
-    assert err.strip().splitlines()[-1].startswith("error: sweep stopped by SIGTERM: run the "
+    assert err.strip().splitlines()[-1].startswith(f"error: sweep stopped by {name}: run the "
                                                    f"same command with hydra.sweep.dir={sweep} "
                                                    "to resume"), err
-    jobs = [line for line in err.splitlines() if "stopped by SIGTERM at step" in line]
-    assert jobs and all(line.startswith("error: job ") and "hydra.run.dir" not in line and
-                        f"run the same sweep command with hydra.sweep.dir={sweep}" in line
-                        for line in jobs), err
+    jobs = [line for line in err.splitlines() if " at step " in line]
+    assert len(jobs) == (1 if "worker" in stop else 2) and all(
+        line.startswith("error: job ") and "hydra.run.dir" not in line and
+        f"run the same sweep command with hydra.sweep.dir={sweep}" in line for line in jobs), err
     for _ in range(200):  # nothing of the sweep runs on (workers, their resource trackers)
         try:
             os.killpg(proc.pid, 0)
@@ -148,14 +186,26 @@ def test_sigterm_to_a_local_launcher_sweep_stops_its_workers_and_the_sweep_resum
         time.sleep(0.05)
     else:
         raise AssertionError("processes of the stopped sweep are still running")
-    stopped = sorted(sweep.glob("[0-9]*_*"))
-    assert [d.name[:2] for d in stopped] == ["0_", "1_"]  # the third job never started
-    for run_dir in stopped:
-        assert list((run_dir / "checkpoints").glob("step_*.pt"))
-        assert not (run_dir / "results.json").exists()
+    stopped = set()
+    for line in jobs:  # each stop's checkpoint was written whole, the slow one too
+        step, saved = re.search(r" at step (\d+); saved checkpoint (\S+);", line).groups()
+        assert Path(saved).is_file() and Path(saved).name == f"step_{int(step):07d}.pt", line
+        stopped.add(Path(saved).parent.parent)
+        assert json.loads((Path(saved).parent.parent / "stopped.json").read_text())["signal"] \
+            == re.search(r"stopped by (\w+)", line).group(1)
+    assert not list(sweep.glob("**/*.tmp")), "a checkpoint write was cut short"
+    dirs = sorted(sweep.glob("[0-9]*_*"))
+    assert [d in stopped for d in dirs[:2]] == ([True, True] if len(stopped) == 2 else
+                                                [not (d / "results.json").exists()
+                                                 for d in dirs[:2]])
+    for d in dirs[2:]:  # the third job: run to its end by the worker not stopped, or not started
+        if not (d / "results.json").exists():
+            assert not (d / "checkpoints").exists()
+            assert "not started" in json.loads((d / "stopped.json").read_text())["error"]
+    slow.unlink(missing_ok=True)
 
     done = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
-    results = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/results.json"))]
-    assert [r["train"]["steps"] for r in results] == [80, 80, 80]
-    assert [r["train"]["resumed_from"] is not None for r in results] == [True, True, False]
+    results = {p.parent: json.loads(p.read_text()) for p in sorted(sweep.glob("*/results.json"))}
+    assert [r["train"]["steps"] for r in results.values()] == [80, 80, 80]
+    assert {d for d, r in results.items() if r["train"]["resumed_from"] is not None} == stopped

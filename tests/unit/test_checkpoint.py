@@ -228,3 +228,32 @@ def test_resume_ignores_analysis_settings_and_accepts_settings_added_since(tmp_p
         changed = {**newer, "trainer": {**CONFIG["trainer"], "lr": 0.001}}
         train(_model(), split, split, cfg, seed=0, device=CPU,
               checkpoints=Checkpoints(tmp_path, cfg, changed))
+
+
+def test_a_sweep_worker_keeps_catching_stop_signals_between_jobs_and_catches_reads_proc():
+    """In a joblib worker the stop handler stays in place after a job (a signal between two jobs
+    must neither kill the worker nor be lost), training's stop_signals() reuses it, and the
+    sweep's process sees from /proc which processes catch SIGTERM (only those are sent it)."""
+    import os
+    import signal
+
+    from heads_lab.runner import keep_stop_signals, stop_signals
+    from heads_lab.sweeps import catches
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)}
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        assert not catches(os.getpid(), signal.SIGTERM)
+        assert keep_stop_signals() is None
+        assert catches(os.getpid(), signal.SIGTERM) and catches(os.getpid(), signal.SIGUSR2)
+        with stop_signals() as stop:
+            assert stop() is None
+        assert catches(os.getpid(), signal.SIGTERM)  # still caught after the job
+        os.kill(os.getpid(), signal.SIGUSR2)  # between two jobs
+        assert keep_stop_signals() == "SIGUSR2"  # the next job must not start
+        with stop_signals() as stop:
+            assert stop() == "SIGUSR2"
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)
+    assert not catches(os.getpid() + 10**7, signal.SIGTERM)  # no such process
