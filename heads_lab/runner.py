@@ -265,8 +265,12 @@ def stop_signals():
             signal.signal(s, h)
 
 
+_on_stop.stops_heads_lab = True
+
+
 def caught_by_heads_lab(handler) -> bool:
-    return handler is _on_stop
+    """Whether a signal handler is heads-lab's own (a run's or a sweep's), not a scheduler's."""
+    return bool(getattr(handler, "stops_heads_lab", False))
 
 
 def keep_stop_signals() -> str | None:

@@ -30,23 +30,19 @@ def is_multirun(overrides: list[str]) -> bool:
 WORKER_LAUNCHERS = ("hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher",)
 _ARM: list = []  # set by forward_stop_signals; called by CountFailures.on_multirun_start
 SWEEP_PID_ENV = "HEADS_LAB_SWEEP_PID"  # the sweep's own process, seen by its worker processes
-STOPPED_JOBS: list[tuple[str, str]] = []  # (job, signal) stopped in worker processes
+STOPPING = ".stopping"  # in the sweep dir while a stopping sweep waits for its jobs
 
 
-def descendants(pid: int) -> list[int]:
-    """Every process under `pid` (Linux /proc; elsewhere none), children first."""
-    children: dict[int, list[int]] = {}
+def children(pid: int) -> list[int]:
+    """The processes `pid` started itself (Linux /proc; elsewhere none): a sweep's workers, not
+    the processes those start (a wandb service, say)."""
+    found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
             continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        kids = children.get(todo.pop(), [])
-        found += kids
-        todo += kids
     return found
 
 
@@ -63,6 +59,19 @@ def catches(pid: int, signum: int) -> bool:
     return False
 
 
+def start_resource_trackers() -> None:
+    """Start the helper processes joblib's workers need (loky's and multiprocessing's resource
+    trackers) now: each unblocks SIGINT in this thread when it starts, which would let Ctrl-C
+    reach workers that are not yet in a job (forward_stop_signals)."""
+    from multiprocessing import resource_tracker
+
+    from joblib.externals.loky.backend import resource_tracker as loky_tracker
+
+    for tracker in (loky_tracker, resource_tracker):
+        with contextlib.suppress(Exception):  # none here: the launcher starts it as before
+            tracker.ensure_running()
+
+
 def in_worker() -> bool:
     """Whether this process runs jobs for a sweep's own process (a joblib worker)."""
     pid = os.environ.get(SWEEP_PID_ENV)
@@ -72,16 +81,18 @@ def in_worker() -> bool:
 @contextlib.contextmanager
 def forward_stop_signals():
     """A sweep whose jobs run in worker processes (WORKER_LAUNCHERS): SIGTERM or SIGUSR2 sent to
-    this process alone (`kill <pid>`, a batch system stopping the command) goes on to the
-    workers, whose running jobs save a checkpoint and stop; no further job starts (without this
-    the workers were orphaned and trained on). Ctrl-C reaches the workers from the terminal, and
-    goes on to them as SIGTERM too (for `kill -INT <pid>`). This process then waits until every
-    running job has saved its checkpoint (a stopped job returns instead of raising: joblib kills
-    all its workers when a job raises, and used to kill the others mid-save), and exits 128 + the
+    this process (`kill <pid>`, a batch system stopping the command), Ctrl-C, or a stop signal
+    that reached one worker's job goes on to every worker as SIGTERM (as SIGUSR2 for SIGUSR2);
+    the running jobs save a checkpoint and stop, and no further job starts (the sweep dir's
+    STOPPING file tells a worker still starting up). This process waits until every running job
+    has saved its checkpoint (a stopped job returns instead of raising: joblib kills all its
+    workers when a job raises, and used to kill the others mid-save), then exits 128 + the
     signal, saying to run the same command with hydra.sweep.dir=<its dir> to resume (a default
-    sweep dir is new each time). A second Ctrl-C stops at once. A job stopped by a signal sent
-    to its worker alone stops the sweep the same way (its stopped.json). The handlers go in once
-    the sweep's config says which launcher runs it (CountFailures.on_multirun_start)."""
+    sweep dir is new each time). A second Ctrl-C stops at once. The workers start with SIGINT
+    blocked, so that Ctrl-C from the terminal reaches this process only (a worker not yet in a
+    job would die of it, and joblib would then kill the others); only workers that catch
+    SIGTERM (those in a job, or past one) are sent it. The handlers go in once the sweep's
+    config says which launcher runs it (CountFailures.on_multirun_start)."""
     import signal
     import threading
 
@@ -91,35 +102,47 @@ def forward_stop_signals():
     received: list[int] = []
     previous: dict = {}
     sweep_dir: list[str] = []
-    done = threading.Event()
+    wake, done = threading.Event(), threading.Event()
+    blocked: list = []
 
-    def forward(signum: int) -> None:
+    def forward() -> None:  # started before SIGINT is blocked: Ctrl-C is delivered to it
+        wake.wait()
+        onward = signal.SIGUSR2 if received and received[0] == signal.SIGUSR2 else signal.SIGTERM
         sent: set[int] = set()
-        while True:  # a worker still starting its job catches the signal later: send it then
-            for pid in descendants(os.getpid()):
-                if pid not in sent and catches(pid, signum):
+        while not done.is_set():  # a worker in its job's first seconds catches it later
+            for pid in children(os.getpid()):
+                if pid not in sent and catches(pid, onward):
                     with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.kill(pid, signum)
+                        os.kill(pid, onward)
                     sent.add(pid)
-            if done.wait(0.1):
-                return
+            done.wait(0.1)
 
     def handler(signum, frame):
         if signum == signal.SIGINT and signal.SIGINT in received:
             raise KeyboardInterrupt  # a second Ctrl-C: joblib kills the workers
-        if not received:
+        received.append(signum)
+        if len(received) == 1:
             print(f"{signal.Signals(signum).name} received: the running jobs save a checkpoint "
                   "and stop; no further job starts", file=sys.stderr)
-            onward = signal.SIGTERM if signum == signal.SIGINT else signum
-            threading.Thread(target=forward, args=(onward,), daemon=True).start()
-        received.append(signum)
+            with contextlib.suppress(OSError):
+                Path(sweep_dir[0], STOPPING).write_text(signal.Signals(signum).name)
+            wake.set()
+
+    handler.stops_heads_lab = True  # not a scheduler's handler (scheduler_handler)
+    thread = threading.Thread(target=forward, daemon=True, name="heads-lab stop")
 
     def arm(directory: str) -> None:
         sweep_dir[:] = [directory]
         os.environ[SWEEP_PID_ENV] = str(os.getpid())  # the workers learn they are workers
+        Path(directory, STOPPING).unlink(missing_ok=True)
         wanted = [signal.SIGTERM, signal.SIGINT] + ([signal.SIGUSR2]
                                                     if hasattr(signal, "SIGUSR2") else [])
         previous.update({s: signal.signal(s, handler) for s in wanted if s not in previous})
+        if not blocked:
+            thread.start()
+            start_resource_trackers()  # their start unblocks SIGINT again: start them first
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # workers inherit it
+            blocked.append(signal.SIGINT)
 
     _ARM.append(arm)
     try:
@@ -129,16 +152,20 @@ def forward_stop_signals():
             raise
     finally:
         done.set()
+        wake.set()
         _ARM.remove(arm)
         os.environ.pop(SWEEP_PID_ENV, None)
+        if blocked:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)
         for s, h in previous.items():
             signal.signal(s, h)
-    if received or STOPPED_JOBS:
-        signum = received[0] if received else signal_number(STOPPED_JOBS[0][1])
-        print(f"error: sweep stopped by {signal.Signals(signum).name}: run the same command "
-              f"with hydra.sweep.dir={sweep_dir[0]} to resume (finished jobs are skipped, "
-              "stopped ones resume from their checkpoints)", file=sys.stderr)
-        raise SystemExit(128 + signum)
+        if sweep_dir:
+            Path(sweep_dir[0], STOPPING).unlink(missing_ok=True)
+    if received:
+        print(f"error: sweep stopped by {signal.Signals(received[0]).name}: run the same "
+              f"command with hydra.sweep.dir={sweep_dir[0]} to resume (finished jobs are "
+              "skipped, stopped ones resume from their checkpoints)", file=sys.stderr)
+        raise SystemExit(128 + received[0])
 
 
 def refuse_finished_run_dir(overrides: list[str]) -> None:
@@ -289,6 +316,8 @@ def user_errors(hydra_cfg):
             if in_worker():  # return: joblib would kill the other workers, mid-checkpoint
                 record_stopped(Path(hydra_cfg.runtime.output_dir), err.signal_name, job,
                                err.stopped)
+                with contextlib.suppress(OSError, ValueError):  # the whole sweep stops
+                    os.kill(int(os.environ[SWEEP_PID_ENV]), signal_number(err.signal_name))
                 return
         pass_on(err.signal_name)
         raise SystemExit(128 + signal_number(err.signal_name)) from None
@@ -317,25 +346,33 @@ def job_label(task: list[str], num: int) -> str:
 
 
 def not_started(hydra_cfg) -> bool:
-    """In a sweep's worker process, before a job: whether a stop signal has reached this
-    process (the sweep is stopping; the job must not start, and says so in its stopped.json).
-    From its first job on, the worker catches stop signals (runner.keep_stop_signals)."""
+    """In a sweep on worker processes, before a job: whether the sweep is stopping (a stop signal
+    reached this worker, or the sweep's STOPPING file exists); then the job does not start, and
+    says so in its stopped.json. From its first job on, a worker catches stop signals
+    (runner.keep_stop_signals)."""
     from heads_lab.runner import keep_stop_signals
 
-    if not in_worker():
+    if SWEEP_PID_ENV not in os.environ:  # not a sweep on worker processes
         return False
-    name = keep_stop_signals()
+    # (joblib runs a 1-worker sweep's jobs in this process: there the sweep's own handler
+    # catches a stop signal between jobs, and the STOPPING file says so)
+    name = keep_stop_signals() if in_worker() else None
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    if (run_dir / "results.json").is_file():  # finished: finished_job skips it
+        return False
+    if name is None:
+        with contextlib.suppress(OSError):  # the sweep stopped while this worker started up
+            name = Path(str(hydra_cfg.sweep.dir), STOPPING).read_text().strip() or "SIGTERM"
     if name is None:
         return False
     job = job_label(list(hydra_cfg.overrides.task), hydra_cfg.job.num)
-    record_stopped(Path(hydra_cfg.runtime.output_dir), name, job,
-                   f"not started: the sweep was stopped by {name}")
+    record_stopped(run_dir, name, job, f"not started: the sweep was stopped by {name}")
     return True
 
 
 def record_stopped(run_dir: Path, signal_name: str, job: str, what: str) -> None:
     """A sweep job stopped by a signal in a worker process says so in its run dir (stopped.json),
-    for the sweep's exit code and for `heads-lab report`."""
+    for `heads-lab report`."""
     from heads_lab.files import write_json
 
     with contextlib.suppress(OSError):
@@ -383,7 +420,7 @@ def scheduler_handler(signal_name: str):
 
     handler = signal.getsignal(signum)
     if callable(handler) and handler is not signal.default_int_handler and \
-            not caught_by_heads_lab(handler):  # a sweep worker's own (keep_stop_signals)
+            not caught_by_heads_lab(handler):  # a run's or a sweep's own
         return handler
     return None
 
@@ -413,15 +450,6 @@ class CountFailures(Callback):
                 job = path.parent.name
             if job not in FAILED_JOBS:
                 FAILED_JOBS.append(job)
-        for path in sorted(Path(str(config.hydra.sweep.dir)).glob("*/stopped.json"),
-                           key=lambda p: p.parent.name):
-            try:
-                if path.stat().st_mtime >= started:
-                    stopped = json.loads(path.read_text())
-                    STOPPED_JOBS.append((stopped.get("job", path.parent.name),
-                                         stopped.get("signal", "SIGTERM")))
-            except (OSError, json.JSONDecodeError):
-                continue
 
 
 def signal_number(name: str) -> int:
@@ -451,7 +479,6 @@ def prepare(overrides: list[str]) -> list[str]:
                            if len({job_.get(k) for job_ in jobs}) > 1})
             os.environ[SWEEP_KEYS_ENV] = json.dumps(keys)
     FAILED_JOBS.clear()
-    STOPPED_JOBS.clear()
     FIXED_OVERRIDES.clear()
     FIXED_OVERRIDES.update(o for o in overrides if "," not in o.split("=", 1)[-1])
     return overrides

@@ -77,3 +77,34 @@ def test_a_sweeps_workers_see_the_commands_start_time_and_it_is_removed_after(mo
     with _shared_start_time():
         pass
     assert os.environ["HEADS_LAB_START_TIME"] == "2026-01-02T03:04:05"
+
+
+def test_a_job_of_a_stopping_sweep_does_not_start_and_says_so(monkeypatch, tmp_path):
+    """A sweep on worker processes that got a stop signal writes its STOPPING file; a job that
+    comes up after it (a worker still starting, or joblib's in-process 1-worker mode) does not
+    start and leaves a stopped.json saying so; a finished job is left to be skipped; outside
+    such a sweep nothing changes."""
+    import json
+
+    from omegaconf import OmegaConf
+
+    from heads_lab import sweeps
+
+    job_dir = tmp_path / "sweep" / "1_seed=2"
+    job_dir.mkdir(parents=True)
+    cfg = OmegaConf.create({"runtime": {"output_dir": str(job_dir)},
+                            "sweep": {"dir": str(tmp_path / "sweep")},
+                            "overrides": {"task": ["seed=2"]}, "job": {"num": 1}})
+    monkeypatch.delenv(sweeps.SWEEP_PID_ENV, raising=False)
+    (tmp_path / "sweep" / sweeps.STOPPING).write_text("SIGUSR2")
+    assert not sweeps.not_started(cfg)  # not a sweep on workers: never
+    monkeypatch.setenv(sweeps.SWEEP_PID_ENV, str(os.getpid()))  # the sweep's own process
+    assert sweeps.not_started(cfg)
+    stopped = json.loads((job_dir / "stopped.json").read_text())
+    assert stopped["signal"] == "SIGUSR2" and stopped["error"].startswith("not started")
+    (job_dir / "stopped.json").unlink()
+    (job_dir / "results.json").write_text("{}")
+    assert not sweeps.not_started(cfg) and not (job_dir / "stopped.json").exists()
+    (job_dir / "results.json").unlink()
+    (tmp_path / "sweep" / sweeps.STOPPING).unlink()
+    assert not sweeps.not_started(cfg)  # not stopping
