@@ -91,7 +91,8 @@ def forward_stop_signals():
     sweep dir is new each time). A second Ctrl-C stops at once. The workers start with SIGINT
     blocked, so that Ctrl-C from the terminal reaches this process only (a worker not yet in a
     job would die of it, and joblib would then kill the others); only workers that catch
-    SIGTERM (those in a job, or past one) are sent it. The handlers go in once the sweep's
+    SIGTERM (those in a job, or past one) are sent it (Linux: /proc; elsewhere the workers
+    get Ctrl-C from the terminal, as before). The handlers go in once the sweep's
     config says which launcher runs it (CountFailures.on_multirun_start)."""
     import signal
     import threading
@@ -138,7 +139,7 @@ def forward_stop_signals():
         wanted = [signal.SIGTERM, signal.SIGINT] + ([signal.SIGUSR2]
                                                     if hasattr(signal, "SIGUSR2") else [])
         previous.update({s: signal.signal(s, handler) for s in wanted if s not in previous})
-        if not blocked:
+        if not blocked and Path("/proc/self/status").is_file():  # else Ctrl-C reaches them
             thread.start()
             start_resource_trackers()  # their start unblocks SIGINT again: start them first
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # workers inherit it
