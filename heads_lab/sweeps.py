@@ -13,6 +13,7 @@ from pathlib import Path
 
 from hydra.experimental.callback import Callback
 
+from heads_lab import stops
 from heads_lab.errors import one_line
 
 RERUN: list[str] = []
@@ -136,9 +137,8 @@ def forward_stop_signals():
         sweep_dir[:] = [directory]
         os.environ[SWEEP_PID_ENV] = str(os.getpid())  # the workers learn they are workers
         Path(directory, STOPPING).unlink(missing_ok=True)
-        wanted = [signal.SIGTERM, signal.SIGINT] + ([signal.SIGUSR2]
-                                                    if hasattr(signal, "SIGUSR2") else [])
-        previous.update({s: signal.signal(s, handler) for s in wanted if s not in previous})
+        previous.update({s: signal.signal(s, handler) for s in stops.stop_signal_numbers()
+                         if s not in previous})
         if not blocked and Path("/proc/self/status").is_file():  # else Ctrl-C reaches them
             thread.start()
             start_resource_trackers()  # their start unblocks SIGINT again: start them first
@@ -350,14 +350,12 @@ def not_started(hydra_cfg) -> bool:
     """In a sweep on worker processes, before a job: whether the sweep is stopping (a stop signal
     reached this worker, or the sweep's STOPPING file exists); then the job does not start, and
     says so in its stopped.json. From its first job on, a worker catches stop signals
-    (runner.keep_stop_signals)."""
-    from heads_lab.runner import keep_stop_signals
-
+    (stops.keep_stop_signals)."""
     if SWEEP_PID_ENV not in os.environ:  # not a sweep on worker processes
         return False
     # (joblib runs a 1-worker sweep's jobs in this process: there the sweep's own handler
     # catches a stop signal between jobs, and the STOPPING file says so)
-    name = keep_stop_signals() if in_worker() else None
+    name = stops.keep_stop_signals() if in_worker() else None
     run_dir = Path(hydra_cfg.runtime.output_dir)
     if (run_dir / "results.json").is_file():  # finished: finished_job skips it
         return False
@@ -417,11 +415,9 @@ def scheduler_handler(signal_name: str):
         signum = signal.Signals[signal_name]
     except KeyError:  # "a signal on another rank"
         return None
-    from heads_lab.runner import caught_by_heads_lab
-
     handler = signal.getsignal(signum)
     if callable(handler) and handler is not signal.default_int_handler and \
-            not caught_by_heads_lab(handler):  # a run's or a sweep's own
+            not stops.caught_by_heads_lab(handler):  # a run's or a sweep's own
         return handler
     return None
 

@@ -237,7 +237,7 @@ def test_a_sweep_worker_keeps_catching_stop_signals_between_jobs_and_catches_rea
     import os
     import signal
 
-    from heads_lab.runner import keep_stop_signals, stop_signals
+    from heads_lab.stops import keep_stop_signals, stop_signals
     from heads_lab.sweeps import catches
 
     before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)}
