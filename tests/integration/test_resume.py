@@ -104,6 +104,13 @@ def test_eval_reevaluates_and_averages_without_touching_the_run(uninterrupted, t
     assert (run_dir / "results.json").read_bytes() == before
 
 
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:  # all gone, as they should be
+        pass
+
+
 # Loaded by every process of the sweep (PYTHONPATH): once the file SLOW exists, job 1's
 # checkpoints take 3 s to land, so job 0 finishes its stop well before job 1 does.
 SLOW_SAVE = """
@@ -122,7 +129,7 @@ os.replace = _slow_replace
                                                     ("command line", "SIGINT", 4),
                                                     ("command line", "SIGTERM to one worker", 2)])
 def test_a_stop_signal_to_a_local_launcher_sweep_stops_its_workers_and_the_sweep_resumes(
-        chosen_by, stop, n_jobs, tmp_path):
+        chosen_by, stop, n_jobs, tmp_path, request):
     """`kill <pid>` of a sweep whose jobs run in joblib's workers (hydra/launcher=local), as a
     batch system or a user stops it, Ctrl-C (SIGINT to the whole process group, as a terminal
     sends it; here with a worker that has no job), or SIGTERM to one worker: every running job
@@ -153,6 +160,7 @@ def test_a_stop_signal_to_a_local_launcher_sweep_stops_its_workers_and_the_sweep
         [str(tmp_path / "site"), *filter(None, [os.environ.get("PYTHONPATH")])])}
     proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True, env=env)
+    request.addfinalizer(lambda: _kill_group(proc.pid))  # a failed check leaves nothing running
     deadline = time.time() + 240
     while len({p.parent.parent for p in sweep.glob("*/checkpoints/step_*.pt")}) < running:
         assert proc.poll() is None and time.time() < deadline, proc.communicate()
