@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -125,3 +130,42 @@ def test_attention_activation_memory_is_what_autograd_keeps(variant, dropout):
     measured = _saved_nm_bytes(_attention(cfg, "dec-enc"), n, m)
     assert measured > 0
     assert attention_activation_bytes(cfg, "dec-enc", n, m) == measured
+
+
+_REUSED_WORKER = """
+import gc, json, torch
+from heads_lab.cost import PeakMemory
+
+def rss():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmRSS:"))
+
+torch.set_num_threads(1)
+start = rss()
+# an earlier sweep job in the same worker: an 8 MB block freed (glibc then serves ~1 MB blocks
+# from its heap instead of mmap), 300 ~1 MB blocks, each followed by a small one that stays alive
+keep, blocks = [], []
+del_first = torch.ones(2 << 20)
+del del_first
+for i in range(300):
+    blocks.append(torch.ones((1 << 18) + i))
+    keep.append(torch.ones(16))
+before = rss()
+del blocks
+gc.collect()
+freed = rss()
+peak = PeakMemory(torch.device("cpu"))
+print(json.dumps(dict(start=start, before=before, freed=freed, measured=peak.mb())))
+"""
+
+
+@pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK),
+                    reason="the kernel does not let this process reset its peak RSS (/proc/self/clear_refs)")
+def test_cpu_peak_memory_of_a_job_in_a_reused_worker_leaves_out_the_earlier_jobs_freed_memory():
+    """A job's peak RSS is measured from what the process holds at its start, after the earlier
+    job's freed heap (which glibc keeps resident) is handed back: not from the earlier job's."""
+    out = subprocess.run([sys.executable, "-c", _REUSED_WORKER], capture_output=True, text=True,
+                         check=True)
+    mb = json.loads(out.stdout)
+    assert mb["before"] - mb["start"] > 250  # the earlier job's ~300 MB were resident
+    assert mb["measured"] < mb["start"] + 60, mb  # and are not counted in this job's peak
