@@ -1,19 +1,19 @@
 """`heads-lab report <multirun dirs or run dirs>`: a study's table from the runs' own files.
 
-Reads every results.json under the dirs (no wandb needed), groups the runs by the settings that
-vary between them (seeds pooled), and writes, next to the first dir (or --out): report.md,
-report.csv and two PNGs (BLEU and PPL against the swept setting with error bars; quality against
-cost). Each row: the varied settings, the head shape (its variant's own kinds: h and kv_heads, or
-h_K, h and h_V; d_k, layers), parameters, valid PPL, test BLEU and chrF as mean ± std over seeds,
-tokens/s and peak memory, and sacrebleu's paired bootstrap p-value of its BLEU against the base row
-(the preset's `report.base`, else the first row), on the seed-matched hypotheses. Rows are in the
-order of their settings. Runs that failed or never finished are listed, never averaged in; so are
-runs under another run's dir (a gates run under <run>/prune/). With `report.paper=table_a` the
-published Table 3 (A) numbers are printed beside ours, labelled as the paper's. With several dirs,
-the first one's runs set report.base and report.paper: `heads-lab report <new sweep> <runs of an
-earlier sweep with the same settings>` reuses finished runs instead of repeating them; a head-shape
-key one preset leaves None and another sets to the value the None stands for (model.kv_heads None =
-model.heads) is one setting, so those runs share a row.
+Reads every results.json under the dirs (no wandb needed), groups the runs by the settings that vary
+between them (seeds pooled), and writes, next to the first dir (or --out): report.md, report.csv and
+two PNGs (BLEU and PPL against the swept setting with error bars; quality against cost). Each row:
+the varied settings, the head shape (its variant's own kinds: h and kv_heads, or h_K, h and h_V;
+d_k, layers), parameters, valid PPL, test BLEU and chrF as mean ± std over seeds, tokens/s and peak
+memory, and sacrebleu's paired bootstrap p-value of its BLEU against the base row (the preset's
+`report.base`, else the first row), on the seed-matched hypotheses. Rows are in the order of their
+settings, the ones swept on the command line first. Runs that failed or never finished are listed,
+never averaged in; so are runs under another run's dir (a gates run under <run>/prune/). With
+`report.paper=table_a` the published Table 3 (A) numbers are printed beside ours, labelled as the
+paper's. With several dirs, the first one's runs set report.base and report.paper: `heads-lab report
+<new sweep> <runs of an earlier sweep with the same settings>` reuses finished runs instead of
+repeating them; a head-shape key one preset leaves None and another sets to the value the None
+stands for (model.kv_heads None = model.heads) is one setting, so those runs share a row.
 """
 
 from __future__ import annotations
@@ -201,13 +201,23 @@ def fill_unset(runs: list[Run]) -> None:
                     run.config[key] = shape[key]
 
 
+def swept(runs: list[Run]) -> set[str]:
+    """The settings the runs' own command lines set (results.json's overrides, `+`/`~` dropped),
+    e.g. model.heads_k in `talking_heads_kv`, where model.head_dim and model.heads_v follow it."""
+    return {item.split("=", 1)[0].lstrip("+~") for run in runs
+            for item in run.results.get("overrides", []) if "=" in item}
+
+
 def group(runs: list[Run]) -> tuple[list[Row], list[str]]:
     """Rows of runs with equal settings (seeds pooled), in the order of their settings, and the
-    keys that vary. Fills the runs' unset shape keys in place where others set them (fill_unset)."""
+    keys that vary: the swept ones (set on the command line) first, then those that follow from
+    them or from the preset. Fills the runs' unset shape keys in place where others set them
+    (fill_unset)."""
     from heads_lab.tracking import short_key
 
     fill_unset(runs)
-    keys = sorted({k for r in runs for k in r.config})
+    on_command_line = swept(runs)
+    keys = sorted({k for r in runs for k in r.config}, key=lambda k: (k not in on_command_line, k))
     varying = [k for k in keys if not is_among(k, (*BOOKKEEPING, "seed"))
                and len({json.dumps(r.config.get(k), sort_keys=True) for r in runs}) > 1]
     rows: dict[tuple, Row] = {}
@@ -348,23 +358,30 @@ def render(rows: list[Row], base: Row, varying: list[str], split: str,
 
 
 def curves(rows: list[Row], varying: list[str]) -> tuple[str | None, dict[str, list[int]]]:
-    """What the quality plot draws: the x setting (the one numeric setting that varies, else None:
-    the rows side by side) and one line per value of the other varying settings (attention=mha,
-    attention=talking_heads), each as row indices in the order of x."""
+    """What the quality plot draws: the x setting (the one numeric setting that varies; where
+    several do, the one swept on the command line if the others follow from it, as d_k and h_V
+    follow h_K; else None: the rows side by side) and one line per value of the other varying
+    settings (attention=mha, attention=talking_heads), each as row indices in the order of x."""
     from heads_lab.tracking import short_key
 
     def is_number(value: Any) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
 
+    side_by_side: tuple[None, dict[str, list[int]]] = (None, {"": list(range(len(rows)))})
     numbers = [k for k in varying if all(is_number(row.runs[0].config.get(k)) for row in rows)]
-    if len(numbers) != 1:
-        return None, {"": list(range(len(rows)))}
-    x_key = numbers[0]
+    on_command_line = swept([run for row in rows for run in row.runs])
+    candidates = numbers if len(numbers) == 1 else [k for k in numbers if k in on_command_line]
+    if len(candidates) != 1:
+        return side_by_side
+    x_key = candidates[0]
     lines: dict[str, list[int]] = {}
     for i, row in enumerate(rows):
         label = ",".join(f"{short_key(k)}={row.runs[0].config.get(k)}" for k in varying
-                         if k != x_key)
+                         if k not in numbers)
         lines.setdefault(label, []).append(i)
+    if any(len({rows[i].runs[0].config.get(x_key) for i in order}) != len(order)
+           for order in lines.values()):  # another number varies on its own: no single x
+        return side_by_side
     for order in lines.values():
         order.sort(key=lambda i: rows[i].runs[0].config.get(x_key))
     return x_key, lines

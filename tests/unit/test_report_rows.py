@@ -82,6 +82,57 @@ def test_the_quality_plot_draws_a_line_per_attention_kind_against_h():
     assert curves(*group(both)) == (None, {"": [0, 1]})
 
 
+def _talking(seed: int, heads_k: int, overrides: list[str]) -> Run:
+    run = _run(seed, attention="talking_heads", heads_k=heads_k, heads_v=heads_k,
+               head_dim=256 // heads_k)
+    run.results["overrides"] = [f"seed={seed}", *overrides, "trainer.precision=fp32"]
+    return run
+
+
+def test_the_swept_setting_orders_the_rows_and_is_the_x_axis_where_others_follow_from_it():
+    """talking_heads_kv sweeps h_K; d_k = d_model / h_K and h_V = h_K follow. Its base row h_K = 8
+    is another preset's runs (talking_heads_h, swept on model.heads)."""
+    from heads_lab.report import curves
+
+    kv = [_talking(s, k, ["+experiment=talking_heads_kv", f"model.heads_k={k}"])
+          for s in (1, 2) for k in (16, 2, 4)]
+    reused = [_talking(s, 8, ["+experiment=talking_heads_h", "model.heads=8"]) for s in (1, 2)]
+    rows, varying = group(kv + reused)
+    assert varying == ["model.heads_k", "model.head_dim", "model.heads_v"]
+    assert [(r.label, len(r.runs)) for r in rows] == [
+        ("h_K=2,d_k=128,h_V=2", 2), ("h_K=4,d_k=64,h_V=4", 2), ("h_K=8,d_k=32,h_V=8", 2),
+        ("h_K=16,d_k=16,h_V=16", 2)]
+    assert curves(rows, varying) == ("model.heads_k", {"": [0, 1, 2, 3]})
+
+    # the same runs without their command lines (an older results.json): d_k sorts first and
+    # no setting is the x axis, as before
+    for run in kv + reused:
+        run.results.pop("overrides")
+    rows, varying = group(kv + reused)
+    assert varying == ["model.head_dim", "model.heads_k", "model.heads_v"]
+    assert [r.label for r in rows][0] == "d_k=16,h_K=16,h_V=16"
+    assert curves(rows, varying) == (None, {"": [0, 1, 2, 3]})
+
+
+def test_no_x_axis_where_a_second_number_varies_on_its_own():
+    from heads_lab.report import curves
+
+    # two swept numbers (a grid): no single x
+    grid = [_run(1, heads=h, kv_heads=k) for h in (4, 8) for k in (1, 2)]
+    for run in grid:
+        run.results["overrides"] = [f"model.heads={run.config['model.heads']}",
+                                    f"model.kv_heads={run.config['model.kv_heads']}"]
+    assert curves(*group(grid)) == (None, {"": [0, 1, 2, 3]})
+    # one swept number and another set by hand per run, not following from it
+    odd = [_run(1, heads=8, encoder_layers=3), _run(2, heads=8, encoder_layers=6),
+           _run(3, heads=4, encoder_layers=3)]
+    for run in odd:
+        run.results["overrides"] = [f"model.heads={run.config['model.heads']}"]
+    rows, varying = group(odd)
+    assert varying == ["model.heads", "model.encoder_layers"]
+    assert curves(rows, varying) == (None, {"": [0, 1, 2]})
+
+
 def test_an_older_rectangular_talking_heads_run_is_its_own_row_with_the_start_it_had(tmp_path):
     """results.json written before model.mix_init: a rectangular run started as the identity
     (read back so), not as today's default; a square run's start is today's default (one row)."""
