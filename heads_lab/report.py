@@ -6,14 +6,15 @@ two PNGs (BLEU and PPL against the swept setting with error bars; quality agains
 the varied settings, the head shape (its variant's own kinds: h and kv_heads, or h_K, h and h_V;
 d_k, layers), parameters, valid PPL, test BLEU and chrF as mean ± std over seeds, tokens/s and peak
 memory, and sacrebleu's paired bootstrap p-value of its BLEU against the base row (the preset's
-`report.base`, else the first row), on the seed-matched hypotheses. Rows are in the order of their
-settings, the ones swept on the command line first. Runs that failed or never finished are listed,
-never averaged in; so are runs under another run's dir (a gates run under <run>/prune/). With
-`report.paper=table_a` the published Table 3 (A) numbers are printed beside ours, labelled as the
-paper's. With several dirs, the first one's runs set report.base and report.paper: `heads-lab report
-<new sweep> <runs of an earlier sweep with the same settings>` reuses finished runs instead of
-repeating them; a head-shape key one preset leaves None and another sets to the value the None
-stands for (model.kv_heads None = model.heads) is one setting, so those runs share a row.
+`report.base`, else the first row), on the hypotheses of the seeds every row has (the note names
+them). Rows are in the order of their settings, the ones swept on the command line first. Runs that
+failed or never finished are listed, never averaged in; so are runs under another run's dir (a gates
+run under <run>/prune/). With `report.paper=table_a` the published Table 3 (A) numbers are printed
+beside ours, labelled as the paper's. With several dirs, the first one's runs set report.base and
+report.paper: `heads-lab report <new sweep> <runs of an earlier sweep with the same settings>`
+reuses finished runs instead of repeating them; a head-shape key one preset leaves None and another
+sets to the value the None stands for (model.kv_heads None = model.heads) is one setting, so those
+runs share a row.
 """
 
 from __future__ import annotations
@@ -76,10 +77,10 @@ def main(args: list[str]) -> int:
     rows, varying = group(runs)
     base = base_row(rows, runs)
     split = runs[0].results["decoding"]["split"]
-    significance(rows, base, split, opts.samples)
+    p_seeds = significance(rows, base, split, opts.samples)
     out = Path(opts.out or opts.dirs[0])
     out.mkdir(parents=True, exist_ok=True)
-    table = render(rows, base, varying, split, paper_of(runs))
+    table = render(rows, base, varying, split, paper_of(runs), p_seeds)
     console = wide_console()
     console.print(to_rich(table, "heads-lab report"))
     for where, status in problems:
@@ -247,16 +248,16 @@ def base_row(rows: list[Row], runs: list[Run]) -> Row:
     return rows[0]
 
 
-def significance(rows: list[Row], base: Row, split: str, samples: int) -> None:
+def significance(rows: list[Row], base: Row, split: str, samples: int) -> list | None:
     """Paired bootstrap (sacrebleu) of each row's BLEU against the base row, on the hypotheses
-    of the seeds every row has, concatenated in seed order."""
+    of the seeds every row has, concatenated in seed order. Returns those seeds (None: no test)."""
     from sacrebleu.metrics import BLEU
     from sacrebleu.significance import PairedTest
 
     common = set.intersection(*({r.config.get("seed") for r in row.runs} for row in rows))
     if len(rows) < 2 or not common:
-        return
-    seeds = sorted(common)
+        return None
+    seeds = sorted(common, key=str)
 
     def texts(row: Row, kind: str) -> list[str]:
         by_seed = {r.config.get("seed"): r for r in row.runs}
@@ -270,11 +271,12 @@ def significance(rows: list[Row], base: Row, split: str, samples: int) -> None:
     others = [row for row in rows if row is not base]
     named = [(base.label, texts(base, "hyps"))] + [(row.label, texts(row, "hyps")) for row in others]
     if any(len(h) != len(refs) for _, h in named):
-        return  # different test sets: no paired test
+        return None  # different test sets: no paired test
     test = PairedTest(named, {"BLEU": BLEU()}, [refs], test_type="bs", n_samples=samples)
     _, scores = test()
     for row, result in zip(others, scores["BLEU"][1:]):
         row.p_value = result.p_value
+    return seeds
 
 
 def _stat(values: list[float], digits: int) -> str:
@@ -302,7 +304,7 @@ def paper_of(runs: list[Run]) -> dict | None:
 
 
 def render(rows: list[Row], base: Row, varying: list[str], split: str,
-           paper: dict | None) -> dict[str, Any]:
+           paper: dict | None, p_seeds: list | None = None) -> dict[str, Any]:
     """The table as header + string rows (shared by the console, Markdown and CSV)."""
     header = ["setting", *[name for name, _ in SHAPE], "params", "runs", "valid PPL",
               f"{split} BLEU", f"{split} chrF", "p vs base", "tok/s", "peak MB"]
@@ -347,6 +349,12 @@ def render(rows: list[Row], base: Row, varying: list[str], split: str,
     body = [[x for i, x in enumerate(b) if i not in unused] for b in body]
     note = ("mean ± std over the runs (seeds) of a row; p: sacrebleu paired bootstrap of BLEU "
             "vs the base row (seed-matched hypotheses)")
+    if p_seeds:  # name them: where rows have different seeds, p uses only those all rows have
+        partial = any({r.config.get("seed") for r in row.runs} != set(p_seeds) for row in rows)
+        plural = "s" if len(p_seeds) > 1 else ""
+        note += (f", on seed{plural} {', '.join(map(str, p_seeds))}"
+                 + (f", the seed{plural} every row has" if partial else "")
+                 + (" (concatenated)" if plural else ""))
     if gated:  # runs from before prune.gate_eval existed kept heads by the binary rule
         rules = sorted({r.config.get("prune.gate_eval") or "binary" for row in rows
                         for r in row.runs if "heads_kept/enc-self" in r.metrics})

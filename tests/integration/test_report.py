@@ -66,8 +66,33 @@ def test_report_table_numbers_and_significance(sweep):
     assert rows[0]["p vs base"] == "-"
     md = (sweep / "report.md").read_text()
     assert "Vaswani et al. 2017 Table 3 (A)" in md and "| h=4 |" in md
+    assert "vs the base row (seed-matched hypotheses), on seeds 1, 2 (concatenated)" in md
     for png in ("report_quality.png", "report_quality_vs_cost.png"):
         assert (sweep / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_with_uneven_seeds_p_uses_the_seeds_every_row_has_and_says_which(sweep, tmp_path):
+    """h = 1 with seeds 1, 2, h = 4 with seed 1 only: p is the bootstrap on seed 1's
+    hypotheses alone (not both seeds of h = 1 against one of h = 4), and the note says so."""
+    runs = {(r["config"]["model"]["heads"], r["config"]["seed"]): Path(r["run_dir"])
+            for r in (json.loads(p.read_text()) for p in sweep.rglob("results.json"))}
+    dirs = [runs[1, 1], runs[1, 2], runs[4, 1]]
+    proc = heads_lab("report", *map(str, dirs), "--samples", "200", "--out", str(tmp_path),
+                     cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    with open(tmp_path / "report.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["setting"], r["runs"]) for r in rows] == [("h=1 (base)", "2"), ("h=4", "1")]
+
+    def lines(h: int, kind: str) -> list[str]:
+        return (runs[h, 1] / f"{kind}.test.txt").read_text().splitlines()
+
+    test = PairedTest([("1", lines(1, "hyps")), ("4", lines(4, "hyps"))], {"BLEU": BLEU()},
+                      [lines(1, "refs")], test_type="bs", n_samples=200)
+    _, scores = test()
+    assert rows[1]["p vs base"] == f"{scores['BLEU'][1].p_value:.4f}"
+    md = (tmp_path / "report.md").read_text()
+    assert "(seed-matched hypotheses), on seed 1, the seed every row has;" in md
 
 
 def test_report_lists_failed_and_unfinished_runs(sweep, tmp_path):
