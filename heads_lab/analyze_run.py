@@ -162,6 +162,11 @@ def tables(result: dict) -> list[tuple[str, Table] | str]:
             out.append((title, {"header": ["layer", *_head_columns(len(scores[0]))],
                                 "rows": [[str(layer), *(_num(v) for v in row)]
                                          for layer, row in enumerate(scores)]}))
+    if not any(v is not None for rows in grid["importance"].values() for row in rows
+               for v in row):
+        out.append("importance: not measured (–): it is the loss's gradient, so it needs target "
+                   "sentences, and this treebank was read without its translations; add "
+                   "analysis.treebank_ref=<the comment key holding them, e.g. text_en>")
     roles = ("positional", "syntactic", "rare", "other")
     out.append(("head roles per attention type", {
         "header": ["site", *roles],

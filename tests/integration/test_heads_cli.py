@@ -82,7 +82,11 @@ def test_analyze_a_treebank_with_and_without_its_translations(trained, tmp_path)
     assert syntax["relations"]["obl dep→head"]["arcs"] == 2  # obl:arg and obl:tmod
     assert "sentences matched to their trees: 2 of 3 (66.7 %)" in " ".join(stdout.split())
     assert (out / "attention_s0_enc-self_l0_h1.png").is_file()
-    both, _, _ = runs[True]  # teacher-forced on text_en: the decoder too
+    # says why importance is missing and how to get it (its figure is all grey, "not measured")
+    assert "importance: not measured" in stdout and "analysis.treebank_ref=" in stdout
+    assert "importance: not measured" in (out / "analysis.md").read_text()
+    both, stdout_both, _ = runs[True]
+    assert "importance: not measured" not in stdout_both  # teacher-forced on text_en: the decoder too
     assert list(both["functions"]) == ["enc-self", "dec-self", "dec-enc"]
     assert both["sentences"] == 1 and both["syntax"]["matched"] == 1
     assert [u["sent_id"] for u in both["syntax"]["unmatched"]] == ["s2", "s3"]
