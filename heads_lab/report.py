@@ -257,7 +257,7 @@ def significance(rows: list[Row], base: Row, split: str, samples: int) -> list |
     common = set.intersection(*({r.config.get("seed") for r in row.runs} for row in rows))
     if len(rows) < 2 or not common:
         return None
-    seeds = sorted(common, key=str)
+    seeds = sorted(common)
 
     def texts(row: Row, kind: str) -> list[str]:
         by_seed = {r.config.get("seed"): r for r in row.runs}
