@@ -69,6 +69,8 @@ def main(args: list[str]) -> int:
             offsets[h["site"]][h["layer"]][h["head"]] = h["positional"]["offset"]
     pngs.append(figures.function_map(result["functions"], out, offsets, titles))
     pngs += figures.distance_matrices(result["distances"], result["diversity"], out, titles)
+    pngs.append(figures.head_map(result["head_map"], {site: len(v) for site, v in
+                                                      result["diversity"].items()}, out, titles))
     tok = corpus.tokenizer
     for i in cfg.sentences:
         sent = sentences[i]
@@ -92,7 +94,8 @@ def main(args: list[str]) -> int:
     talking = [s for s, k in result["map_kind"].items() if k != "head"]
     view_title = "heads-lab head view" + (f" ({', '.join(talking)}: talking heads, the maps of "
                                           f"the {KIND_NAMES['softmax']})" if talking else "")
-    html = [figures.head_view_html(first.maps, src, tgt, out / "head_view.html", view_title)]
+    html = [figures.head_view_html(first.maps, src, tgt, out / "head_view.html", view_title,
+                                   head_notes(result))]
     extra = figures.bertviz_head_view(first.maps, src, tgt, out / "bertviz_head_view.html")
     if extra:
         html.append(extra)
@@ -109,6 +112,22 @@ def main(args: list[str]) -> int:
     console.print(f"figures: {', '.join(p.name for p in pngs)}")
     console.print(f"head view: {', '.join(str(p) for p in html)}")
     return 0
+
+
+def head_notes(result: dict) -> dict[str, list[list[str]]]:
+    """Per site, [layer][head] the head view's tooltip: role, confidence, importance and LRP of
+    the maps' heads (LRP only where they are the heads the output projection reads)."""
+    notes: dict[str, list[list[str]]] = {}
+    for h in result["heads"]:
+        if "function" not in h:
+            continue  # talking heads' query/key and value heads have no map
+        rows = notes.setdefault(h["site"], [])
+        while len(rows) <= h["layer"]:
+            rows.append([])
+        text = (f"{h['function']}, confidence {h['confidence']:.2f}, importance "
+                f"{_num(h['importance'])}" + (f", LRP {_num(h['lrp'])}" if "lrp" in h else ""))
+        rows[h["layer"]].append(text)
+    return notes
 
 
 def _check_sentences(chosen: list[int], count: int) -> None:
@@ -139,40 +158,93 @@ def _grid_titles(result: dict) -> dict[str, dict[str, str]]:
 
 def tables(result: dict) -> list[tuple[str, Table] | str]:
     """(title, table) per site: one row per layer, each head as role letter + confidence +
-    importance (of the same heads: the maps' kind); for talking heads also the importance of the
-    query/key and value heads; the role counts; and the syntactic relations. A str is a note."""
+    importance + LRP relevance (of the same heads: the maps' kind); for talking heads also the
+    importance of the query/key and value heads and the value heads' LRP; the rank correlation
+    of LRP and importance; the positions, distances, role counts and syntactic relations. A str
+    is a note."""
     out: list[tuple[str, Table] | str] = []
     grid = result["grids"]
     for site, layers in result["functions"].items():
         kind = result["map_kind"][site]
         heads = "heads" if kind == "head" else f"{kind} heads (h = {len(layers[0])})"
+        lrp = grid.get("lrp", {}).get(site)
         rows = [[str(layer), *(f"{LETTER[fn]} {grid['confidence'][site][layer][h]:.2f} "
                                f"{_num(grid['importance'][site][layer][h])}"
+                               + (f" {_num(lrp[layer][h] if lrp else None)}" if kind == "head"
+                                  else "")
                                for h, fn in enumerate(labels)),
                  f"{result['diversity'][site][layer]:.2f}"] for layer, labels in enumerate(layers)]
         out.append((f"{site} {heads}: role (P positional, S syntactic, R rare) · confidence · "
-                    "importance", {"header": ["layer", *_head_columns(len(layers[0])),
-                                              "diversity"], "rows": rows}))
+                    f"importance{' · LRP' if kind == 'head' else ''}",
+                    {"header": ["layer", *_head_columns(len(layers[0])), "diversity"],
+                     "rows": rows}))
         for other in result["head_kinds"][site]:
             scores = grid.get(f"importance_{other}", {}).get(site)
             if other == kind or scores is None:
                 continue
+            relevance = grid.get(f"lrp_{other}", {}).get(site)
             title = (f"{panel_title(site, result['head_kinds'][site], other)}: importance"
+                     + (" · LRP" if relevance else "")
                      + (" (what gates, masks and removal act on)" if other == "value" else ""))
             out.append((title, {"header": ["layer", *_head_columns(len(scores[0]))],
-                                "rows": [[str(layer), *(_num(v) for v in row)]
+                                "rows": [[str(layer), *(_num(v) + (f" {_num(relevance[layer][h])}"
+                                                                   if relevance else "")
+                                                        for h, v in enumerate(row))]
                                          for layer, row in enumerate(scores)]}))
+    if not any(v is not None for key, by_site in grid.items() if key.startswith("lrp")
+               for rows in by_site.values() for row in rows for v in row):
+        out.append("LRP: not measured (–): its seeds are the decoder's predictions, so it needs "
+                   "target sentences (analysis.treebank_ref=... for a treebank), and "
+                   "analysis.lrp=true")
+    rho = result.get("lrp_vs_importance") or {}
+    if rho:
+        out.append("LRP vs importance, Spearman's rank correlation over each site's heads: "
+                   + ", ".join(f"{site} {_num(v)}" for site, v in rho.items()))
     if not any(v is not None for rows in grid["importance"].values() for row in rows
                for v in row):
         out.append("importance: not measured (–): it is the loss's gradient, so it needs target "
                    "sentences, and this treebank was read without its translations; add "
                    "analysis.treebank_ref=<the comment key holding them, e.g. text_en>")
+    out += position_tables(result)
+    out.append(distance_table(result))
     roles = ("positional", "syntactic", "rare", "other")
     out.append(("head roles per attention type", {
         "header": ["site", *roles],
         "rows": [[site, *(str(counts.get(k, 0)) for k in roles)]
                  for site, counts in result["counts"].items()]}))
     return out + syntax_tables(result)
+
+
+def position_tables(result: dict) -> list[tuple[str, Table]]:
+    """Per self-attention site, each head's most common offset k ≠ 0 with its share, and apart
+    from it the share of queries whose maximum is their own token (offset 0, not a position)."""
+    out = []
+    cells: dict[str, dict[int, dict[int, str]]] = {}
+    for h in result["heads"]:
+        p = h.get("positional")
+        if p:
+            mark = "P" if p["is_positional"] else ""
+            cells.setdefault(h["site"], {}).setdefault(h["layer"], {})[h["head"]] = (
+                f"{p['offset']:+d} {p['share']:.2f}{mark} · self {p['self_share']:.2f}")
+    for site, layers in cells.items():
+        n = max(len(row) for row in layers.values())
+        out.append((f"{site} positions: most common offset ≠ 0 and its share (P ≥ "
+                    f"{result['thresholds']['positional']:.2f}) · share at the query's own token",
+                    {"header": ["layer", *_head_columns(n)],
+                     "rows": [[str(layer), *(row[h] for h in sorted(row))]
+                              for layer, row in sorted(layers.items())]}))
+    return out
+
+
+def distance_table(result: dict) -> tuple[str, Table]:
+    """Per site and layer: mean ± std of the JS distance between the layer's own heads, and the
+    mean distance to the other layers' heads (Clark et al.: do deeper layers' heads differ
+    less?)."""
+    rows = [[site, str(layer), f"{v['mean']:.3f} ± {v['std']:.3f}",
+             _num(v["to_other_layers"], ".3f")]
+            for site, layers in result["within_layer"].items() for layer, v in enumerate(layers)]
+    return ("distance between heads (Jensen–Shannon per query, nats; head_map.png)",
+            {"header": ["site", "layer", "within the layer", "to other layers"], "rows": rows})
 
 
 def _head_columns(count: int) -> list[str]:
@@ -189,8 +261,9 @@ def syntax_tables(result: dict) -> list[tuple[str, Table] | str]:
                 "analysis.conllu=<a CoNLL-U parse of the split's source sentences>)"]
     kind = result["map_kind"].get("enc-self", "head")
     heads = "head" if kind == "head" else f"{kind} head"
-    title = (f"syntactic heads (enc-self, {syntax['source']}): best {heads} per relation vs the "
-             f"most-frequent-offset baseline (* ≥ {result['thresholds']['syntactic_margin']:.2f} "
+    margin = result["thresholds"]["syntactic_margin"]
+    title = (f"syntactic heads (enc-self, {syntax['source']}, word level): best {heads} per "
+             f"relation vs the most-frequent-word-offset baseline (* ≥ {margin:.2f} "
              f"above it with ≥ {result['thresholds']['min_arcs']} arcs)")
     rows = []
     for rel, info in syntax["relations"].items():
@@ -222,5 +295,5 @@ def write_tables(path: Path, parts: list[tuple[str, Table] | str], heading: str)
     return write_atomic(path, "\n".join(lines))
 
 
-def _num(v) -> str:
-    return "–" if v is None else f"{v:.2f}"
+def _num(v, fmt: str = ".2f") -> str:
+    return "–" if v is None or v != v else format(v, fmt)

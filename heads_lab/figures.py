@@ -6,6 +6,7 @@ draws the attention sites in the fixed order enc-self, dec-self, dec-enc, skippi
 absent from its input. Layers and heads are numbered from 0, as in head specs (enc:0:3) and
 analysis.json.
 Written files: heads_<metric>.png, head_functions.png, head_distance.png, head_diversity.png,
+head_map.png,
 the heatmap and head-view paths the caller names. head_view_html writes one self-contained HTML
 file (inline CSS and JavaScript, the data as JSON in a <script id="heads-lab-data"> block);
 bertviz_head_view writes BertViz's own view when the optional bertviz package is installed.
@@ -214,13 +215,14 @@ def function_map(functions: Mapping[str, Sequence[Sequence[str]]], out_dir: Path
     return _save(fig, Path(out_dir) / "head_functions.png")
 
 
-def distance_matrices(distances: Mapping[str, Sequence[Sequence[Sequence[float]]]],
+def distance_matrices(distances: Mapping[str, Sequence[Sequence[float]]],
                       diversity: Mapping[str, Sequence[float]], out_dir: Path,
                       titles: Mapping[str, str] | None = None) -> list[Path]:
-    """head_distance.png (per site a row of per-layer head×head Jensen–Shannon distance matrices,
-    one colour scale) and head_diversity.png (mean pairwise distance against layer, a line per
-    site); a figure whose input has no site is not written. `titles` (site → name) name the
-    heads' kind."""
+    """head_distance.png (per site the [layers · heads]² Jensen–Shannon distance matrix between
+    every two of its heads, layers marked, one colour scale) and head_diversity.png (each
+    layer's mean distance between its own heads, a line per site); a figure whose input has no
+    site is not written. The layer count of a site is len(diversity[site]) (else one).
+    `titles` (site → name) name the heads' kind."""
     import matplotlib.colors as mcolors
     from matplotlib import colormaps
 
@@ -229,35 +231,33 @@ def distance_matrices(distances: Mapping[str, Sequence[Sequence[Sequence[float]]
     paths = []
     sites = present(distances)
     if sites:
-        mats = {}
-        for site in sites:
-            layers = [np.asarray(m, dtype=float) for m in distances[site]]
-            for i, m in enumerate(layers):
-                if m.ndim != 2 or m.shape[0] != m.shape[1] or m.shape[0] == 0:
-                    raise ValueError(f"distances: site {site} layer {i} has shape {m.shape}; "
-                                     "expected a square [heads, heads] matrix")
-            mats[site] = layers
-        _, hi, _ = _limits([m for layers in mats.values() for m in layers])
+        mats = {site: np.asarray(distances[site], dtype=float) for site in sites}
+        for site, m in mats.items():
+            if m.ndim != 2 or m.shape[0] != m.shape[1] or m.shape[0] == 0:
+                raise ValueError(f"distances: site {site} has shape {m.shape}; expected a square "
+                                 "[layers · heads, layers · heads] matrix")
+        _, hi, _ = _limits(list(mats.values()))
         norm = mcolors.Normalize(0.0, hi if hi > 0 else 1.0)
         cmap = colormaps["viridis"].with_extremes(bad=MISSING_COLOUR)
-        cols = max(len(layers) for layers in mats.values())
-        fig, axes = plt.subplots(len(sites), cols, squeeze=False, layout="constrained",
-                                 figsize=(cols * 2.4 + 1.4, len(sites) * 2.5 + 0.8))
-        for row, site in zip(axes, sites):
-            for col, ax in enumerate(row):
-                if col >= len(mats[site]):
-                    ax.set_axis_off()
-                    continue
-                m = mats[site][col]
-                image = ax.imshow(np.ma.masked_invalid(m), cmap=cmap, norm=norm)
-                ax.set_title(_text(f"{(titles or {}).get(site, site)} layer {col}"),
-                             fontsize=9 if not titles or titles.get(site, site) == site else 7)
-                _ticks(ax, m.shape[1], "x", "head")
-                _ticks(ax, m.shape[0], "y", "head")
-                if m.shape[0] <= ANNOTATE_DISTANCE_HEADS:
-                    _annotate(ax, m, cmap, norm, ".2f", 6 if m.shape[0] <= 4 else 5)
-        fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label="Jensen–Shannon distance")
-        fig.suptitle("distance between heads' attention, per layer")
+        fig, axes = plt.subplots(1, len(sites), squeeze=False, layout="constrained",
+                                 figsize=(len(sites) * 4.0 + 1.4, 4.2))
+        for ax, site in zip(axes[0], sites):
+            m = mats[site]
+            layers = len(diversity.get(site) or [0])
+            heads = m.shape[0] // layers
+            image = ax.imshow(np.ma.masked_invalid(m), cmap=cmap, norm=norm)
+            for b in range(1, layers):
+                ax.axhline(b * heads - 0.5, color="white", linewidth=1)
+                ax.axvline(b * heads - 0.5, color="white", linewidth=1)
+            ax.set_title(_text((titles or {}).get(site, site)), fontsize=9)
+            ticks = [layer * heads + (heads - 1) / 2 for layer in range(layers)]
+            ax.set_xticks(ticks, [f"L{layer}" for layer in range(layers)])
+            ax.set_yticks(ticks, [f"L{layer}" for layer in range(layers)])
+            if m.shape[0] <= ANNOTATE_DISTANCE_HEADS:
+                _annotate(ax, m, cmap, norm, ".2f", 6 if m.shape[0] <= 4 else 5)
+        fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8,
+                     label="Jensen–Shannon distance per query (nats)")
+        fig.suptitle("distance between every two heads' attention (layer blocks)")
         paths.append(_save(fig, out_dir / "head_distance.png"))
     sites = present(diversity)
     if sites:
@@ -271,13 +271,51 @@ def distance_matrices(distances: Mapping[str, Sequence[Sequence[Sequence[float]]
                     label=_text((titles or {}).get(site, site)))
         ax.set_xticks(range(most))
         ax.set_xlabel("layer")
-        ax.set_ylabel("mean pairwise JS distance between heads")
+        ax.set_ylabel("mean JS distance between the layer's heads")
         ax.set_ylim(0, top * 1.1 if top > 0 else 1.0)
         ax.set_title("head diversity per layer")
         ax.grid(alpha=0.3)
         ax.legend()
         paths.append(_save(fig, out_dir / "head_diversity.png"))
     return paths
+
+
+SITE_MARKERS = {"enc-self": "o", "dec-self": "s", "dec-enc": "^"}
+
+
+def head_map(coords: Mapping[str, Sequence[Sequence[float]]], layers: Mapping[str, int],
+             out_dir: Path, titles: Mapping[str, str] | None = None) -> Path:
+    """head_map.png: Clark et al. 2019's map, every head a point placed by MDS of the distances
+    between heads (analysis.head_map), coloured by layer, one marker per site; a panel per site,
+    since heads of different sites attend from or to different tokens and have no distance."""
+    plt = _pyplot()
+    sites = present(coords)
+    if not sites:
+        raise ValueError("head_map: no site has coordinates")
+    from matplotlib import colormaps
+
+    most = max(layers[site] for site in sites)
+    cmap = colormaps["viridis"]
+    fig, axes = plt.subplots(1, len(sites), squeeze=False, layout="constrained",
+                             figsize=(len(sites) * 3.6 + 0.6, 3.8))
+    for ax, site in zip(axes[0], sites):
+        xy = np.asarray(coords[site], dtype=float)
+        if xy.ndim != 2 or xy.shape[1] != 2 or xy.shape[0] % layers[site]:
+            raise ValueError(f"head_map: site {site} has coordinates of shape {xy.shape}; "
+                             f"expected [{layers[site]} layers · heads, 2]")
+        heads = xy.shape[0] // layers[site]
+        for layer in range(layers[site]):
+            part = xy[layer * heads:(layer + 1) * heads]
+            colour = cmap(layer / max(most - 1, 1))
+            ax.scatter(part[:, 0], part[:, 1], color=colour, marker=SITE_MARKERS[site], s=36,
+                       edgecolors="#333333", linewidths=0.4, label=f"layer {layer}")
+        ax.set_title(_text((titles or {}).get(site, site)), fontsize=9)
+        ax.set_xticks([])
+        ax.set_yticks([])
+        ax.set_aspect("equal", adjustable="datalim")
+        ax.legend(fontsize=7, loc="best")
+    fig.suptitle("head map: MDS of the Jensen–Shannon distances between heads (Clark et al. 2019)")
+    return _save(fig, Path(out_dir) / "head_map.png")
 
 
 def attention_heatmap(weights, query_tokens: Sequence[str], key_tokens: Sequence[str],

@@ -43,10 +43,13 @@ def _attention_arrays(attention: Mapping[str, Any], src_tokens: Sequence[str],
 
 def head_view_html(attention: Mapping[str, Any], src_tokens: Sequence[str],
                    tgt_tokens: Sequence[str], path: Path,
-                   title: str = "heads-lab head view") -> Path:
+                   title: str = "heads-lab head view",
+                   notes: Mapping[str, Sequence[Sequence[str]]] | None = None) -> Path:
     """One self-contained HTML page (no network) showing every layer and head of one sentence:
     site and layer menus, a coloured toggle per head, query tokens left and key tokens right
-    joined by lines whose opacity is the weight; hovering a token keeps only its lines."""
+    joined by lines whose opacity is the weight; hovering a token keeps only its lines.
+    `notes` (site → [layer][head] text, e.g. a head's role and scores) are the head buttons'
+    tooltips."""
     arrays = _attention_arrays(attention, src_tokens, tgt_tokens)
     tokens = {"src": [str(t) for t in src_tokens], "tgt": [str(t) for t in tgt_tokens]}
     data = {
@@ -55,7 +58,10 @@ def head_view_html(attention: Mapping[str, Any], src_tokens: Sequence[str],
         "tgt_tokens": tokens["tgt"],
         "sites": [{"name": site, "label": SITE[site].label,
                    "queries": tokens[SITE[site].query], "keys": tokens[SITE[site].key],
-                   "weights": np.round(a, 6).tolist()} for site, a in arrays.items()],
+                   "weights": np.round(a, 6).tolist(),
+                   **({"notes": [list(map(str, row)) for row in notes[site]]}
+                      if notes and site in notes else {})}
+                  for site, a in arrays.items()],
     }
     # <, > and & as \u escapes: no token can close the block or start markup; JSON.parse and
     # json.loads read them back as the characters.

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import Tensor, nn
 
+from heads_lab.errors import ConfigError
 from heads_lab.model.attention import Attention
 from heads_lab.sites import SITES, HeadSet, format_heads, parse_head_mask  # noqa: F401 (re-export)
 from heads_lab.variants import VARIANTS
@@ -144,6 +145,46 @@ def recording(model: nn.Module) -> Iterator[dict[tuple[str, int], Tensor]]:
                     maps[key] = output[1]
             handles.append(module.register_forward_hook(hook))
         yield maps
+
+
+# --- planted heads (the positive control of the map measures) -----------------------------
+
+Plant = Callable[[Tensor], Tensor]  # src ids [batch, src] → weights [batch, src, src]
+
+
+@contextlib.contextmanager
+def planted(model: nn.Module, plants: dict[tuple[int, int], Plant]) -> Iterator[None]:
+    """Within the block, encoder self-attention head `head` of layer `layer` attends with the
+    weights plant(src) [batch, query, key] (src: the token ids of the batch being encoded; rows
+    sum to 1 over the sentence's own keys) instead of its own softmax: its output is those
+    weights times its values, so the model computes with the planted head and `recording`, the
+    map measures and importance see it (LRP, which steps through the module's parts itself,
+    does not). The other heads are untouched. Multi-head attention (one key/value head per query
+    head) only: where a head's role is known, `analyze` must find it."""
+    src: list[Tensor] = []
+    modules = attention_modules(model)
+    with _hooks() as handles:
+        # the encoder runs right after the source is embedded: remember the ids it was given
+        def remember(_, inputs):
+            src[:] = [inputs[0]]
+        handles.append(model.embed.register_forward_pre_hook(remember))
+        for layer in {layer for layer, _ in plants}:
+            module = modules[("enc-self", layer)]
+            if VARIANTS[module.variant].map_kind != "head" or module.k_heads != module.q_heads:
+                raise ConfigError("planted heads need plain multi-head attention")
+            heads = {h: fn for (lay, h), fn in plants.items() if lay == layer}
+
+            def hook(mod, args, kwargs, output, heads=heads):
+                x, mask = args[0], kwargs.get("mask")
+                q, k, v = mod.project(x, None, None)
+                o, weights = mod.attend(q, k, v, mask, False, True)
+                weights = weights.clone()
+                for h, fn in heads.items():
+                    weights[:, h] = fn(src[0]).to(weights)
+                o = torch.matmul(weights, v)
+                return mod.merge(o), (weights if kwargs.get("need_weights") else None)
+            handles.append(module.register_forward_hook(hook, with_kwargs=True))
+        yield
 
 
 # --- removal -------------------------------------------------------------------------------

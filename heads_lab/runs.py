@@ -121,6 +121,14 @@ def load(run_dir: Path, overrides: list[str], average_last: int | None = 1) -> T
     files = checkpoint.step_files(run_dir)
     if not files:
         raise CheckpointError(NO_CHECKPOINTS.format(run_dir=run_dir))
+    if run.analysis.step is not None:  # `analyze` of an earlier checkpoint (analysis.step)
+        chosen = [(step, path) for step, path in files if step == run.analysis.step]
+        if not chosen:
+            steps = ", ".join(str(step) for step, _ in sorted(files))
+            raise CheckpointError(f"analysis.step={run.analysis.step}: {run_dir} has no checkpoint "
+                                  f"of that step; it has steps {steps} (train with "
+                                  "trainer.keep_last and trainer.save_every to keep more)")
+        files = chosen
     if run.trainer.threads:
         torch.set_num_threads(run.trainer.threads)
     device = resolve_device(run.trainer.device)

@@ -297,8 +297,15 @@ class AnalysisConfig:
     positional_threshold: float = opt(0.9,
         "positional: max weight on one relative offset this often")
     rare_threshold: float = opt(0.5, "rare-word: max weight on the rarest source token this often")
+    rare_top_k: int | None = opt(500,
+        "rare-word: count only sentences whose rarest token is not among the K most frequent "
+        "training source tokens (Voita et al.: 500; null: every sentence)")
     syntactic_margin: float = opt(0.1, "syntactic: accuracy above the offset baseline by this much")
     min_arcs: int = opt(20, "syntactic: only relations with at least this many arcs label a head")
+    step: int | None = opt(None, "analyse the checkpoint of this training step "
+                           "(checkpoints/step_N.pt; null: the newest)")
+    lrp: bool = opt(True, "layer-wise relevance per head (Voita et al.), one relevance pass per "
+                    "sentence; needs target sentences")
     conllu: str | None = opt(None, "a CoNLL-U file of the split's source sentences (real data)")
     treebank: str | None = opt(None, "a CoNLL-U file (.gz too) analysed on its own `# text` lines")
     treebank_ref: str | None = opt(None, "its comment holding translations (text_en): decoder too")

@@ -10,41 +10,56 @@ or of `analysis.treebank`):
   kind; no number of one kind is ever paired with a head of another.
 - Maps are per sentence and site: [layers, heads, query, key], without padding. Source keys end
   with EOS; decoder queries are BOS + the reference tokens (teacher forcing).
-- A head "points at" the key of its maximum weight (argmax) for each query.
-- Confidence: mean over queries of the maximum weight; EOS queries (the encoder's last
-  position) are left out.
-- Positional (self-attention): the share of queries whose argmax is at the head's most common
-  relative offset (argmax − query), among the queries for which that offset is inside the
-  sentence (query 0 has no offset −1); positional when ≥ analysis.positional_threshold.
-- Rare-word (source keys: enc-self, dec-enc): the share of queries whose argmax is a source token
-  with the lowest training-data frequency in the sentence (EOS excluded); rare when
-  > analysis.rare_threshold.
-- Syntactic (enc-self): for each relation (metrics.RELATIONS: nsubj, obj, amod, advmod, det,
+- A head "points at" the key of its maximum weight (argmax) for each query. EOS is never a
+  key of an argmax measure (Voita: "not a real token"; the other weights are not renormalised)
+  and the encoder's EOS query is left out.
+- Confidence (Voita): mean over queries of the maximum weight over the keys other than EOS.
+- Positional (self-attention; Voita: "a specific relative position (in practice either −1 or
+  +1)"): the share of queries whose argmax is at the head's most common relative offset k ≠ 0
+  (argmax − query), among the queries for which that offset is inside the sentence (query 0 has
+  no offset −1); positional when ≥ analysis.positional_threshold. Offset 0 is the query's own
+  token: its share (`self_share`) is reported apart and never makes a head positional.
+- Rare-word (source keys: enc-self, dec-enc; Voita): the share of queries whose argmax is a
+  source token with the lowest training-data frequency in the sentence (frequency of subword
+  ids on the training source side), over the sentences whose rarest token is not among the
+  analysis.rare_top_k (500, as the paper) most frequent; rare when > analysis.rare_threshold.
+- Syntactic (enc-self), at the word level: each sentence's map is converted to words as Clark
+  et al. 2019 do (attention to a split word = the sum over its pieces, from it = the mean over
+  its pieces; EOS and the diagonal out; a word is a surface token of the tree, so a multiword
+  token is one word); for each relation (metrics.RELATIONS: nsubj, obj, amod, advmod, det,
   case, nmod, obl, conj, mark, aux; UD subtypes count as their base relation) and direction
-  (dep→head: the dependent's first subword queries; head→dep: the head's), the share of arcs
-  whose argmax is any subword of the other word, against the baseline accuracy of always
-  pointing at the relation's most common word offset; syntactic for a relation with at least
-  analysis.min_arcs arcs when the head beats it by analysis.syntactic_margin. Words are matched
-  to subwords by character spans (heads_lab.analysis.syntax).
+  (dep→head: the dependent queries; head→dep: the head), Voita's accuracy: the share of arcs
+  whose querying word's argmax word is the other word, against the baseline of always pointing
+  at the relation's most common word offset (Voita's and Clark's baseline); syntactic for a
+  relation with at least analysis.min_arcs arcs when the head beats it by
+  analysis.syntactic_margin. Words are matched to subwords by character spans
+  (heads_lab.analysis.syntax).
 - Importance (Michel): I_h = mean over batches of |∂L/∂ξ_h|, ξ a multiplier at 1 on the heads
   of one kind (MHA: each head's output; talking heads: J's query/key heads, W's softmax heads,
   O's value heads), L the mean NLL per target token of the batch; normalised by the ℓ2 norm of
   its layer and kind.
-- Distance (Clark): Jensen–Shannon divergence (base 2, so in [0, 1]) between two heads' weights
-  (smoothed by 1e-9 and renormalised) summed over a sentence's queries, averaged over sentences;
-  a layer's diversity is the mean distance over its head pairs.
+- Distance (Clark): the Jensen–Shannon divergence between every two heads of a site, across
+  its layers, as Clark's code (natural log, each row smoothed to 0.999 p + 0.001 / keys), summed
+  over a sentence's queries and divided by their number (heads-lab's change, so sentences of any
+  length weigh alike), averaged over sentences. A layer's diversity is the mean distance over
+  its own head pairs; the head map places the heads in 2-D by MDS of the distance matrix. Heads
+  of different sites attend from or to different tokens, so they have no distance: one matrix
+  and one map per site (Clark's BERT has one site).
 """
 
+from heads_lab.analysis.head_map import mds_coordinates, within_layer
 from heads_lab.analysis.importance import head_importance, head_importance_flat, importance_by_kind
 from heads_lab.analysis.maps import Sentence, collect_maps
 from heads_lab.analysis.metrics import (
     RELATIONS,
     confidence,
     diversity,
-    js_distances,
+    head_distances,
     positional,
+    rare_sentences,
     rare_share,
     syntactic,
+    word_map,
 )
 from heads_lab.analysis.record import analyze
 from heads_lab.analysis.syntax import (
@@ -57,6 +72,7 @@ from heads_lab.analysis.syntax import (
 )
 
 __all__ = ["RELATIONS", "Sentence", "Tree", "analyze", "attach_arcs", "collect_maps", "confidence",
-           "diversity", "head_importance", "head_importance_flat", "importance_by_kind",
-           "js_distances", "piece_spans", "positional", "rare_share", "read_conllu", "syntactic",
-           "word_spans", "words_to_subwords"]
+           "diversity", "head_distances", "head_importance", "head_importance_flat",
+           "importance_by_kind", "mds_coordinates", "piece_spans", "positional", "rare_sentences",
+           "rare_share", "read_conllu", "syntactic", "within_layer", "word_map", "word_spans",
+           "words_to_subwords"]

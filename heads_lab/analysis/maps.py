@@ -12,20 +12,22 @@ from heads_lab.heads import recording
 from heads_lab.model import evaluating
 from heads_lab.sites import SITE, SITES
 
-# arcs over source subword positions: (the head word's positions, the dependent's, relation)
-Arc = tuple[list[int], list[int], str]
+# arcs over a sentence's words (Sentence.units): (head word, dependent word, relation)
+Arc = tuple[int, int, str]
 
 
 @dataclass
 class Sentence:
     """One sentence's teacher-forced attention: src ids (+ EOS), tgt_in ids (BOS + tokens) and
     maps[site] [layers, heads, query, key] (float32; the heads are the maps' own kind: softmax
-    heads for talking heads). Without a target only enc-self is there."""
+    heads for talking heads). Without a target only enc-self is there. With a tree
+    (syntax.attach_arcs): `units`, each word's source subword positions, and `arcs` over them."""
 
     src: list[int]
     tgt_in: list[int]
     maps: dict[str, np.ndarray]
     arcs: list[Arc] = field(default_factory=list)
+    units: list[list[int]] = field(default_factory=list)
 
 
 @torch.no_grad()

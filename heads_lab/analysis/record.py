@@ -10,22 +10,25 @@ from typing import Any
 
 import numpy as np
 
+from heads_lab.analysis.head_map import mds_coordinates, within_layer
 from heads_lab.analysis.importance import importance_by_kind
+from heads_lab.analysis.lrp import head_relevance
 from heads_lab.analysis.maps import Sentence, collect_maps
 from heads_lab.analysis.metrics import (
     confidence,
     diversity,
-    js_distances,
+    head_distances,
     positional,
     rare_share,
     syntactic,
 )
 from heads_lab.analysis.syntax import Matching, Tree, attach_arcs, read_conllu, treebank_split
 from heads_lab.data import Split
-from heads_lab.heads import attention_modules, head_kinds, map_kind
+from heads_lab.heads import attention_modules, head_kinds, map_kind, out_kind
 from heads_lab.sites import SITE, SITES
 
-MAP_METRICS = ("confidence", "importance", "positional_share", "rare_share", "syntactic_gain")
+MAP_METRICS = ("confidence", "importance", "lrp", "positional_share", "self_share",
+               "rare_share", "syntactic_gain")
 
 
 @dataclass
@@ -84,6 +87,9 @@ def analyze(model, corpus, cfg, device, max_tokens: int, form: str = "NFC"
     # importance needs a loss, so a target: a treebank without translations has none
     importance = (importance_by_kind(model, source.split, len(source.indices), max_tokens, device)
                   if source.has_target else {})
+    # LRP (Voita) too: its seeds are the decoder's predictions, one backward pass per sentence
+    relevance = (head_relevance(model, source.split, len(source.indices), device)
+                 if source.has_target and cfg.lrp else {})
     train = corpus.splits["train"]
     freq = Counter(int(t) for i in range(len(train)) for t in train.src[i])
     modules = attention_modules(model)
@@ -91,6 +97,9 @@ def analyze(model, corpus, cfg, device, max_tokens: int, form: str = "NFC"
     grids: dict[str, dict[str, list]] = {name: {} for name in MAP_METRICS}
     grid_kinds: dict[str, dict[str, str]] = {name: {} for name in MAP_METRICS}
     kinds, functions, distances, diversities, heads = {}, {}, {}, {}, []
+    rare_counted: dict[str, int | None] = {}
+    lrp_vs_importance: dict[str, float] = {}
+    coords, spread = {}, {}
     syntax_tables = {}
     for site in SITES:
         maps = [s.maps[site] for s in sentences if site in s.maps]
@@ -98,12 +107,21 @@ def analyze(model, corpus, cfg, device, max_tokens: int, form: str = "NFC"
             continue
         first = modules[(site, 0)]
         kind, kinds[site] = map_kind(first), head_kinds(first)
-        m = _measure(site, maps, sentences, freq, word_offsets)
+        m = _measure(site, maps, sentences, freq, word_offsets, cfg.rare_top_k, cfg.min_arcs)
+        rare_counted[site] = m["rare_sentences"]
         if site == "enc-self":
             syntax_tables = m["syntactic"]
         layers, n_heads = m["confidence"].shape
         m["importance"] = (np.stack([importance[(site, layer, kind)] for layer in range(layers)])
                            if importance else np.full((layers, n_heads), np.nan))
+        out = out_kind(first)  # LRP is taken where the heads enter the output projection
+        lrp = (np.stack([relevance[(site, layer)] for layer in range(layers)])
+               if relevance else None)
+        m["lrp"] = (lrp if out == kind and lrp is not None
+                    else np.full((layers, n_heads), np.nan) if out == kind else None)
+        if lrp is not None and importance:
+            imp = np.stack([importance[(site, layer, out)] for layer in range(layers)])
+            lrp_vs_importance[site] = _spearman(lrp.ravel(), imp.ravel())
         functions[site], entries = _site_heads(site, kind, m, cfg)
         heads += entries
         empty = [[None] * n_heads for _ in range(layers)]
@@ -116,11 +134,18 @@ def analyze(model, corpus, cfg, device, max_tokens: int, form: str = "NFC"
             scores = np.stack([importance[(site, layer, other)] for layer in range(layers)])
             grids.setdefault(f"importance_{other}", {})[site] = _rows(scores)
             grid_kinds.setdefault(f"importance_{other}", {})[site] = other
+            if other == out and lrp is not None:
+                grids.setdefault(f"lrp_{other}", {})[site] = _rows(lrp)
+                grid_kinds.setdefault(f"lrp_{other}", {})[site] = other
             heads += [{"site": site, "layer": layer, "kind": other, "head": h,
-                       "importance": float(scores[layer, h])}
+                       "importance": float(scores[layer, h]),
+                       **({"lrp": float(lrp[layer, h])} if other == out and lrp is not None
+                          else {})}
                       for layer in range(layers) for h in range(scores.shape[1])]
         distances[site] = m["distances"].tolist()
-        diversities[site] = diversity(m["distances"])
+        diversities[site] = diversity(m["distances"], layers)
+        coords[site] = mds_coordinates(m["distances"]).tolist()
+        spread[site] = within_layer(m["distances"], layers)
     mapped = [h for h in heads if "function" in h]
     return {
         "source": source.name, "split": None if source.syntax == "treebank" else source.name,
@@ -128,37 +153,48 @@ def analyze(model, corpus, cfg, device, max_tokens: int, form: str = "NFC"
         "map_kind": {site: map_kind(modules[(site, 0)]) for site in kinds},
         "syntax": _syntax_summary(source, matching, syntax_tables, mapped, cfg),
         "thresholds": {"positional": cfg.positional_threshold, "rare": cfg.rare_threshold,
-                       "syntactic_margin": cfg.syntactic_margin, "min_arcs": cfg.min_arcs},
+                       "rare_top_k": cfg.rare_top_k, "syntactic_margin": cfg.syntactic_margin,
+                       "min_arcs": cfg.min_arcs},
+        "rare_sentences": {site: n for site, n in rare_counted.items() if n is not None},
         "counts": {site: Counter(h["function"] for h in mapped if h["site"] == site)
                    for site in functions} | {"all": Counter(h["function"] for h in mapped)},
         "heads": heads, "grids": grids, "grid_kinds": grid_kinds, "functions": functions,
-        "distances": distances, "diversity": diversities,
+        "distances": distances, "diversity": diversities, "head_map": coords,
+        "within_layer": spread, "lrp_vs_importance": lrp_vs_importance,
     }, sentences
 
 
-def _measure(site: str, maps, sentences, freq, word_offsets) -> dict[str, Any]:
+def _measure(site: str, maps, sentences, freq, word_offsets, rare_top_k, min_arcs
+             ) -> dict[str, Any]:
     """Every map measure of one site's heads, [layers, heads] arrays (None where the measure
-    does not apply: positional needs self-attention, rare-word source keys, syntax enc-self)."""
-    enc = site == "enc-self"
-    share, offset = positional(maps, skip_last_query=enc)
-    syn = syntactic(maps, [s.arcs for s in sentences], word_offsets) if enc else {}
+    does not apply: positional needs self-attention, rare-word source keys, syntax enc-self).
+    The encoder's EOS query and every source-side EOS key are left out (heads_lab.analysis).
+    The syntactic gain is the best over the relations that can label a head (≥ min_arcs)."""
+    enc, src_keys = site == "enc-self", SITE[site].key == "src"
+    pos = positional(maps, skip_last_query=enc, eos_key=src_keys)
+    syn = (syntactic(maps, [s.units for s in sentences], [s.arcs for s in sentences],
+                     word_offsets) if enc else {})
+    rare, rare_n = (rare_share(maps, [s.src for s in sentences], freq, skip_last_query=enc,
+                               top_k=rare_top_k) if src_keys else (None, None))
+    self_attention = SITE[site].self_attention
+    counted = [v for v in syn.values() if v["arcs"] >= min_arcs]
     return {
-        "confidence": confidence(maps, skip_last_query=enc),
-        "positional_share": share if SITE[site].self_attention else None,
-        "positional_offset": offset,
-        "rare_share": (rare_share(maps, [s.src for s in sentences], freq, skip_last_query=enc)
-                       if SITE[site].key == "src" else None),
+        "confidence": confidence(maps, skip_last_query=enc, eos_key=src_keys),
+        "positional_share": pos["share"] if self_attention else None,
+        "self_share": pos["self"] if self_attention else None,
+        "positional": pos,
+        "rare_share": rare, "rare_sentences": rare_n,
         "syntactic": syn,
-        "syntactic_gain": (np.max([v["accuracy"] - v["baseline"] for v in syn.values()], axis=0)
-                           if syn else None),
-        "distances": js_distances(maps),
+        "syntactic_gain": (np.max([v["accuracy"] - v["baseline"] for v in counted], axis=0)
+                           if counted else None),
+        "distances": head_distances(maps),
     }
 
 
 def _site_heads(site: str, kind: str, m: dict[str, Any], cfg) -> tuple[list[list[str]], list]:
     """Each head's role (syntactic, positional, rare or other, in that precedence) and its
-    analysis.json entry."""
-    syn, share, rare = m["syntactic"], m["positional_share"], m["rare_share"]
+    analysis.json entry. Positional needs an offset ≠ 0: attending to oneself is not a role."""
+    syn, share, rare, pos = m["syntactic"], m["positional_share"], m["rare_share"], m["positional"]
     counted = {k: v for k, v in syn.items() if v["arcs"] >= cfg.min_arcs}
     layers, n_heads = m["confidence"].shape
     labels, entries = [["other"] * n_heads for _ in range(layers)], []
@@ -166,7 +202,9 @@ def _site_heads(site: str, kind: str, m: dict[str, Any], cfg) -> tuple[list[list
         for head in range(n_heads):
             rels = [k for k, v in counted.items()
                     if v["accuracy"][layer, head] - v["baseline"] >= cfg.syntactic_margin]
-            is_pos = share is not None and share[layer, head] >= cfg.positional_threshold
+            offset = int(pos["offset"][layer, head])
+            is_pos = (share is not None and offset != 0
+                      and share[layer, head] >= cfg.positional_threshold)
             is_rare = rare is not None and rare[layer, head] > cfg.rare_threshold
             labels[layer][head] = ("syntactic" if rels else "positional" if is_pos
                                    else "rare" if is_rare else "other")
@@ -175,9 +213,12 @@ def _site_heads(site: str, kind: str, m: dict[str, Any], cfg) -> tuple[list[list
                 "function": labels[layer][head],
                 "confidence": float(m["confidence"][layer, head]),
                 "importance": _number(m["importance"][layer, head]),
+                **({"lrp": _number(m["lrp"][layer, head])} if m["lrp"] is not None else {}),
                 "positional": (None if share is None else
-                               {"share": float(share[layer, head]),
-                                "offset": int(m["positional_offset"][layer, head]),
+                               {"share": float(share[layer, head]), "offset": offset,
+                                "self_share": float(pos["self"][layer, head]),
+                                "prev_share": float(pos["prev"][layer, head]),
+                                "next_share": float(pos["next"][layer, head]),
                                 "is_positional": bool(is_pos)}),
                 "rare": (None if rare is None else
                          {"share": float(rare[layer, head]), "is_rare": bool(is_rare)}),
@@ -215,6 +256,15 @@ def _syntax_summary(source: Source, matching: Matching | None, tables: dict, hea
             "skipped_sentences": len(unmatched), "unmatched": unmatched,
             "arcs_within_a_token": matching.shared_arcs if matching else 0,
             "relations": relations}
+
+
+def _spearman(a: np.ndarray, b: np.ndarray) -> float | None:
+    """Spearman's rank correlation of two head scores (None when undefined)."""
+    from scipy.stats import spearmanr
+
+    if len(a) < 3 or np.ptp(a) == 0 or np.ptp(b) == 0:
+        return None
+    return float(spearmanr(a, b).statistic)
 
 
 def _rows(values: np.ndarray) -> list[list[float | None]]:

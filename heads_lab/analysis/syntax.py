@@ -203,8 +203,14 @@ class Matching:
 
 def attach_arcs(sentences: list[Sentence], texts: list[str], trees: list[Tree | None],
                 tokenizer, indices: list[int] | None = None) -> Matching:
-    """Put each sentence's arcs (over subword positions) on it from its tree; `indices` are the
-    sentences' numbers in their source, for the list of unmatched ones."""
+    """Put on each sentence its words (`units`: the subword positions of each surface token of
+    its tree) and its arcs over those words (head word, dependent word, relation), from its
+    tree; `indices` are the sentences' numbers in their source, for the list of unmatched ones.
+
+    The unit of the word-level maps is the surface token: a multiword token (`am` = an + dem) is
+    one word whose pieces both syntactic words share, and an arc inside it (dem → an) has no
+    attention to measure and is skipped (counted as shared_arcs). Baseline offsets are counted
+    over the same units (token of the head − token of the dependent)."""
     found = Matching()
     for i, (sent, text, tree) in enumerate(zip(sentences, texts, trees)):
         number = indices[i] if indices else i
@@ -218,16 +224,19 @@ def attach_arcs(sentences: list[Sentence], texts: list[str], trees: list[Tree | 
                                     "reason": f"token {missing!r} not found in the text"})
             continue
         per_token = words_to_subwords(spans, subword_spans(tokenizer, text, sent.src[:-1]))
-        subs = [per_token[t] for t in tree.token_of]
+        sent.units = per_token
         for dep, (head, label) in enumerate(zip(tree.heads, tree.rels)):
             rel = relation(label)
-            if head < 0 or rel not in RELATIONS or not subs[dep] or not subs[head]:
+            if head < 0 or rel not in RELATIONS:
                 continue
-            if set(subs[dep]) & set(subs[head]):  # zu → dem inside zum: no attention to measure
-                found.shared_arcs += 1
+            dep_unit, head_unit = tree.token_of[dep], tree.token_of[head]
+            if not per_token[dep_unit] or not per_token[head_unit]:
                 continue
-            sent.arcs.append((subs[head], subs[dep], rel))
-            for direction, offset in zip(DIRECTIONS, (head - dep, dep - head)):
+            if dep_unit == head_unit or set(per_token[dep_unit]) & set(per_token[head_unit]):
+                found.shared_arcs += 1  # zu → dem inside zum: no attention to measure
+                continue
+            sent.arcs.append((head_unit, dep_unit, rel))
+            for direction, offset in zip(DIRECTIONS, (head_unit - dep_unit, dep_unit - head_unit)):
                 found.offsets.setdefault(f"{rel} {direction}", Counter())[offset] += 1
     return found
 

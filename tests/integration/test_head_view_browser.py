@@ -67,7 +67,9 @@ def test_head_view_loads_shows_every_layer_and_head_and_hides_a_head(browser, tm
     src, tgt = ["▁the", "▁dog", "▁runs", "</s>"], ["<s>", "▁der", "▁Hund", "▁läuft"]
     attention = {"enc-self": _maps(2, 3, 4, 4), "dec-self": _maps(3, 3, 4, 4),
                  "dec-enc": _maps(3, 3, 4, 4)}
-    page = head_view_html(attention, src, tgt, tmp_path / "view.html", "test view")
+    notes = {"enc-self": [[f"L{layer} h{h} other, LRP 0.{h}" for h in range(3)]
+                          for layer in range(2)]}
+    page = head_view_html(attention, src, tgt, tmp_path / "view.html", "test view", notes)
     browser.get(page.as_uri())
     errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert errors == [], errors
@@ -83,6 +85,10 @@ def test_head_view_loads_shows_every_layer_and_head_and_hides_a_head(browser, tm
         for layer in range(layers):
             layer_menu.select_by_index(layer)
             assert len(browser.find_elements(By.CSS_SELECTOR, "#heads button.head")) == 3
+            title = browser.find_elements(By.CSS_SELECTOR, "#heads button.head")[1].get_attribute(
+                "title")  # the notes of this layer's head (enc-self only has them)
+            assert title.startswith(f"head 1 (L{layer} h1 other, LRP 0.1)" if k == 0 else
+                                    "head 1: click")
             assert browser.find_element(By.ID, "status").text.endswith("3 of 3 heads shown")
     sites.select_by_index(0)
     buttons = browser.find_elements(By.CSS_SELECTOR, "#heads button.head")

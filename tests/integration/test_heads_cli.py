@@ -7,6 +7,7 @@ import gzip
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.conftest import TINY
@@ -43,14 +44,32 @@ def test_analyze_writes_every_head_figures_and_head_view(trained):
         imp = result["grids"]["importance"][site]
         for layer in imp:  # normalised per layer by the ℓ2 norm
             assert sum(x * x for x in layer) == pytest.approx(1.0)
-        assert len(result["distances"][site]) == 2 and len(result["diversity"][site]) == 2
-    for name in ("heads_confidence.png", "heads_importance.png", "head_functions.png",
-                 "head_distance.png", "head_diversity.png", "head_view.html",
+        for layer in result["grids"]["lrp"][site]:  # LRP: each layer's shares sum to 1
+            assert sum(layer) == pytest.approx(1.0) and min(layer) >= 0
+        # every head of the site against every other, across its 2 layers of 4 heads
+        assert np.asarray(result["distances"][site]).shape == (8, 8)
+        assert len(result["diversity"][site]) == 2 and len(result["head_map"][site]) == 8
+        assert [round(v["mean"], 9) for v in result["within_layer"][site]] == \
+            [round(v, 9) for v in result["diversity"][site]]
+    for h in result["heads"]:  # self-attention: the self share apart, never offset 0
+        if h["positional"]:
+            assert h["positional"]["offset"] != 0 or h["positional"]["share"] == 0
+            assert 0 <= h["positional"]["self_share"] <= 1
+    assert result["thresholds"]["rare_top_k"] == 500 and "enc-self" in result["rare_sentences"]
+    assert set(result["lrp_vs_importance"]) == {"enc-self", "dec-self", "dec-enc"}
+    assert all(0 <= h["lrp"] <= 1 for h in result["heads"])
+    assert "LRP vs importance, Spearman's rank correlation" in proc.stdout
+    for name in ("heads_confidence.png", "heads_importance.png", "heads_lrp.png",
+                 "head_functions.png",
+                 "head_distance.png", "head_diversity.png", "head_map.png", "head_view.html",
                  "attention_s0_enc-self_l1_h0.png", "attention_s3_dec-enc_l0_h3.png"):
         assert (out / name).is_file(), name
     assert "head roles per attention type" in proc.stdout
     md = (out / "analysis.md").read_text()  # the console's tables, for a results/ page
-    assert "## head roles per attention type" in md and "## syntactic heads (enc-self, gold)" in md
+    assert "## head roles per attention type" in md
+    assert "## syntactic heads (enc-self, gold, word level)" in md
+    assert "## enc-self positions: most common offset ≠ 0" in md and "· self " in md
+    assert "## distance between heads (Jensen–Shannon per query, nats; head_map.png)" in md
     amod = result["syntax"]["relations"]["amod dep→head"]
     assert f"| amod dep→head | {amod['arcs']:,} | {amod['baseline']:.2f} |" in md
 
@@ -84,6 +103,8 @@ def test_analyze_a_treebank_with_and_without_its_translations(trained, tmp_path)
     assert (out / "attention_s0_enc-self_l0_h1.png").is_file()
     # says why importance is missing and how to get it (its figure is all grey, "not measured")
     assert "importance: not measured" in stdout and "analysis.treebank_ref=" in stdout
+    assert "LRP: not measured" in stdout and all("lrp" not in h or h["lrp"] is None
+                                                 for h in alone["heads"])
     assert "importance: not measured" in (out / "analysis.md").read_text()
     both, stdout_both, _ = runs[True]
     assert "importance: not measured" not in stdout_both  # teacher-forced on text_en: the decoder too
@@ -130,8 +151,11 @@ def test_analyze_talking_heads_says_which_heads_every_number_is_about(talking):
     for head in by_kind["softmax"]:  # map measures only on softmax heads, with their importance
         assert head["function"] in ("positional", "syntactic", "rare", "other")
         assert 0 < head["confidence"] <= 1 and head["importance"] >= 0
-    for kind in ("qk", "value"):
-        assert all(set(x) == {"site", "layer", "kind", "head", "importance"} for x in by_kind[kind])
+    assert all(set(x) == {"site", "layer", "kind", "head", "importance"} for x in by_kind["qk"])
+    # LRP is taken at the value heads, whose outputs enter the output projection
+    assert all(set(x) == {"site", "layer", "kind", "head", "importance", "lrp"}
+               for x in by_kind["value"])
+    assert all("lrp" not in x for x in by_kind["softmax"])
     grids, kinds = result["grids"], result["grid_kinds"]
     for site in sites:
         assert [len(r) for r in grids["confidence"][site]] == [h, h]
@@ -140,18 +164,21 @@ def test_analyze_talking_heads_says_which_heads_every_number_is_about(talking):
         assert [len(r) for r in grids["importance_qk"][site]] == [hk, hk]
         assert kinds["importance"][site] == kinds["confidence"][site] == "softmax"
         assert (kinds["importance_value"][site], kinds["importance_qk"][site]) == ("value", "qk")
+        assert kinds["lrp_value"][site] == "value"
+        assert [sum(r) for r in grids["lrp_value"][site]] == pytest.approx([1.0, 1.0])
         for layer in range(2):  # the per-kind grids are the heads' entries, not another kind's
-            for kind, name in (("softmax", "importance"), ("value", "importance_value")):
-                want = [x["importance"] for x in by_kind[kind]
-                        if (x["site"], x["layer"]) == (site, layer)]
+            for kind, name, key in (("softmax", "importance", "importance"),
+                                    ("value", "importance_value", "importance"),
+                                    ("value", "lrp_value", "lrp")):
+                want = [x[key] for x in by_kind[kind] if (x["site"], x["layer"]) == (site, layer)]
                 assert grids[name][site][layer] == pytest.approx(want)
-        assert len(result["distances"][site][0]) == h
+        assert np.asarray(result["distances"][site]).shape == (2 * h, 2 * h)  # 2 layers
     assert (out / f"attention_s0_enc-self_l1_softmax-h{h - 1}.png").is_file()
     for name in ("heads_importance_value.png", "heads_importance_qk.png", "head_functions.png"):
         assert (out / name).is_file(), name
     text = " ".join(proc.stdout.split())
     assert f"enc-self softmax heads (h = {h})" in text
-    assert f"enc-self · value heads (h_V = {hv}): importance" in text
+    assert f"enc-self · value heads (h_V = {hv}): importance · LRP" in text
     bad = heads_lab("analyze", str(run), f"analysis.heatmaps=[enc:0:{h}]", cwd=run)
     assert bad.returncode == 2 and f"no enc-self layer 0 head '{h}'" in bad.stderr
 
@@ -159,10 +186,26 @@ def test_analyze_talking_heads_says_which_heads_every_number_is_about(talking):
 def test_analyze_bad_input_is_one_line(trained):
     for args, text in ((["analysis.sentences=[999]"], "analysis.sentences has 999"),
                        (["analysis.heatmaps=[enc:7:0]"], "no enc-self layer '7'"),
-                       (["model.heads=2"], "'model.heads=2' cannot change here")):
+                       (["model.heads=2"], "'model.heads=2' cannot change here"),
+                       (["analysis.step=7"], "analysis.step=7: ")):
         proc = heads_lab("analyze", str(trained), *args, cwd=trained)
         assert proc.returncode == 2 and text in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_analyze_an_earlier_checkpoint(trained):
+    from heads_lab.checkpoint import step_files
+
+    steps = [step for step, _ in step_files(trained)]
+    assert len(steps) >= 2
+    before = set((trained / "analysis").iterdir()) if (trained / "analysis").is_dir() else set()
+    proc = heads_lab("analyze", str(trained), f"analysis.step={steps[-1]}",
+                     "analysis.max_sentences=5", "analysis.lrp=false", cwd=trained)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    (out,) = set((trained / "analysis").iterdir()) - before
+    result = json.loads((out / "analysis.json").read_text())
+    assert result["checkpoint"] == f"step_{steps[-1]:07d}.pt"
+    assert "lrp" not in result["heads"][0] or result["heads"][0]["lrp"] is None
 
 
 def test_prune_by_importance_removes_heads_for_real_step_by_step(trained):

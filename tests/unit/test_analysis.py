@@ -14,12 +14,16 @@ from heads_lab.analysis import (
     attach_arcs,
     confidence,
     diversity,
-    js_distances,
+    head_distances,
+    mds_coordinates,
     piece_spans,
     positional,
+    rare_sentences,
     rare_share,
     read_conllu,
     syntactic,
+    within_layer,
+    word_map,
     word_spans,
     words_to_subwords,
 )
@@ -37,26 +41,43 @@ def test_previous_token_head_is_positional_and_uniform_head_is_not():
     prev = _one_hot([max(i - 1, 0) for i in range(n)], n)
     uniform = np.full((n, n), 1.0 / n)
     maps = [np.stack([np.stack([prev, uniform])])]  # [1 layer, 2 heads, n, n]
-    share, offset = positional(maps, skip_last_query=True)
+    pos = positional(maps, skip_last_query=True, eos_key=True)
     # query 0 has no previous token: the share is over the 10 queries where −1 exists
-    assert offset[0, 0] == -1 and share[0, 0] == 1.0
-    assert share[0, 1] == pytest.approx(1 / 11)  # argmax of a uniform row: key 0
-    conf = confidence(maps, skip_last_query=True)
+    assert pos["offset"][0, 0] == -1 and pos["share"][0, 0] == 1.0 and pos["prev"][0, 0] == 1.0
+    # query 0, with no previous token, looks at itself: 1 of the 11 queries, reported apart
+    assert pos["self"][0, 0] == pytest.approx(1 / 11)
+    assert pos["share"][0, 1] == pytest.approx(1 / 10)  # argmax of a uniform row: key 0
+    conf = confidence(maps, skip_last_query=True, eos_key=True)
+    # EOS is not a key: the uniform head's maximum over the real tokens is still 1/n
     assert conf[0, 0] == 1.0 and conf[0, 1] == pytest.approx(1 / n)
+
+
+def test_a_head_on_its_own_token_is_not_positional_and_eos_is_no_key():
+    n = 6  # 5 words + EOS
+    self_head = np.eye(n)
+    to_eos = np.full((n, n), 0.02)
+    to_eos[:, -1] = 1 - 0.02 * (n - 1)
+    maps = [np.stack([np.stack([self_head, to_eos])])]
+    pos = positional(maps, skip_last_query=True, eos_key=True)
+    assert pos["self"][0, 0] == 1.0 and pos["share"][0, 0] == 0.0  # no offset ≠ 0 at all
+    # offset 0 would have won the old "most common offset": it never labels a head now
+    conf = confidence(maps, skip_last_query=True, eos_key=True)
+    assert conf[0, 1] == pytest.approx(0.02)  # EOS left out, not renormalised
+    assert confidence(maps, skip_last_query=True, eos_key=False)[0, 1] == pytest.approx(0.9)
 
 
 def test_positional_share_counts_only_queries_where_the_offset_exists():
     # previous-token heads on a 4-token and a 7-token sentence (EOS query left out), one miss
-    # each (the miss points at the last key)
+    # each (the miss points at the first key)
     def prev_head(n: int, miss: int) -> np.ndarray:
         targets = [max(i - 1, 0) for i in range(n)]
-        targets[miss] = n - 1
+        targets[miss] = 0
         return np.stack([np.stack([_one_hot(targets, n)])])
 
     maps = [prev_head(4, miss=2), prev_head(7, miss=5)]
-    share, offset = positional(maps, skip_last_query=True)
+    pos = positional(maps, skip_last_query=True, eos_key=True)
     # −1 exists for queries 1..2 and 1..5: 7 of the 9 queries, 5 of them hit
-    assert offset[0, 0] == -1 and share[0, 0] == pytest.approx(5 / 7)
+    assert pos["offset"][0, 0] == -1 and pos["share"][0, 0] == pytest.approx(5 / 7)
     # an independent count: loop over every query, keep those whose key q − 1 exists
     hits = total = 0
     for m in maps:
@@ -64,12 +85,12 @@ def test_positional_share_counts_only_queries_where_the_offset_exists():
         for q in range(a.shape[0] - 1):
             if q - 1 >= 0:
                 total += 1
-                hits += int(a[q].argmax() == q - 1)
-    assert share[0, 0] == pytest.approx(hits / total)
-    # a causal (decoder) map: offset 0 exists for every query, none is left out
-    causal = np.stack([np.stack([np.eye(5)])])
-    share, offset = positional([causal], skip_last_query=False)
-    assert offset[0, 0] == 0 and share[0, 0] == 1.0
+                hits += int(a[q, :-1].argmax() == q - 1)
+    assert pos["share"][0, 0] == pytest.approx(hits / total)
+    # a next-token head: +1 exists for every query but the last real one (EOS is no key)
+    nxt = _one_hot([min(i + 1, 4) for i in range(6)], 6)
+    pos = positional([nxt[None, None]], skip_last_query=True, eos_key=True)
+    assert pos["offset"][0, 0] == 1 and pos["next"][0, 0] == 1.0
 
 
 def test_rare_word_head_points_at_the_least_frequent_source_token():
@@ -78,8 +99,14 @@ def test_rare_word_head_points_at_the_least_frequent_source_token():
     rare = _one_hot([1] * 5, 5)
     first = _one_hot([0] * 5, 5)
     maps = [np.stack([np.stack([rare, first])])]
-    share = rare_share(maps, [src], freq, skip_last_query=True)
-    assert share[0, 0] == 1.0 and share[0, 1] == 0.0
+    share, used = rare_share(maps, [src], freq, skip_last_query=True)
+    assert share[0, 0] == 1.0 and share[0, 1] == 0.0 and used == 1
+    # Voita's filter: a sentence whose rarest token is among the top-k most frequent is left out
+    common = [10, 12, 3]  # rarest: 12, the 2nd most frequent of the four
+    assert rare_sentences([src, common], freq, top_k=2) == [True, False]
+    assert rare_sentences([src, common], freq, top_k=None) == [True, True]
+    share, used = rare_share(maps * 2, [src, common], freq, skip_last_query=True, top_k=2)
+    assert used == 1 and share[0, 0] == 1.0
 
 
 class _Pieces:
@@ -95,48 +122,112 @@ class _Pieces:
         return [], []  # not SentencePiece: the spans come from the pieces (piece_spans)
 
 
-def test_a_head_on_gold_arcs_is_syntactic_against_the_offset_baseline():
-    # "the big dog sees a cat" with det / amod / nsubj / dobj arcs; word i is subword i
+def test_word_map_sums_attention_to_a_word_and_averages_it_from_a_word():
+    rng = np.random.default_rng(0)
+    m = rng.dirichlet(np.ones(6), size=(2, 3, 6))  # [L, H, 6 pieces incl. EOS, 6]
+    units = [[0], [1, 2], [3, 4]]  # 3 words; piece 5 is EOS
+    got = word_map(m, units)
+    ref = np.zeros((2, 3, 3, 3))  # an independent loop over words and pieces
+    for a, qa in enumerate(units):
+        for b, kb in enumerate(units):
+            if a != b:
+                ref[:, :, a, b] = sum(m[:, :, q, k] for q in qa for k in kb) / len(qa)
+    np.testing.assert_allclose(got, ref, atol=1e-12)
+
+
+def test_a_head_on_gold_arcs_is_syntactic_at_the_word_level_against_the_word_baseline():
+    # "the big dog sees a cat quickly"; dog and quickly split in two pieces each, EOS last
     words = ["the", "big", "dog", "sees", "a", "cat", "quickly"]
+    pieces = ["the", "big", "do", "g", "sees", "a", "cat", "quick", "ly"]
     heads = [2, 2, 3, -1, 5, 3, 3]
     rels = ["det", "amod", "nsubj", "root", "det", "dobj", "advmod"]
-    n = len(words) + 1
-    sents = [Sentence(list(range(len(words))) + [3], [2], {}) for _ in range(4)]
-    found = attach_arcs(sents, [" ".join(words).capitalize()] * 4,
-                        [Tree(words, heads, rels)] * 4, _Pieces(words))
-    offsets = found.offsets
-    assert found.unmatched == [] and sents[0].arcs[0] == ([2], [0], "det")
-    assert ([2], [1], "amod") in sents[0].arcs and ([3], [5], "obj") in sents[0].arcs  # dobj → obj
-    gold = [heads[i] if heads[i] >= 0 else i for i in range(len(words))] + [n - 1]
-    on_arcs = _one_hot(gold, n)  # every dependent looks at its head
+    text = "the big dog sees a cat quickly"
+
+    class Split(_Pieces):
+        def pieces(self, ids):
+            return [("▁" if pieces[i] not in ("g", "ly") else "") + pieces[i] for i in ids]
+
+    n = len(pieces) + 1
+    sents = [Sentence(list(range(len(pieces))) + [99], [2], {}) for _ in range(4)]
+    found = attach_arcs(sents, [text] * 4, [Tree(words, heads, rels)] * 4, Split(words))
+    units = sents[0].units
+    assert found.unmatched == [] and units == [[0], [1], [2, 3], [4], [5], [6], [7, 8]]
+    assert (2, 0, "det") in sents[0].arcs and (3, 5, "obj") in sents[0].arcs  # dobj → obj
+    # the planted head: every piece of a word looks at the *last* piece of its head word (a
+    # subword head scored at its first piece would miss "do g" → "sees", and quickly's pieces
+    # look at sees), the root at itself, EOS at EOS
+    unit_of = {p: w for w, ps in enumerate(units) for p in ps}
+    target = [units[heads[unit_of[p]]][-1] if heads[unit_of[p]] >= 0 else p
+              for p in range(len(pieces))] + [n - 1]
+    on_arcs = _one_hot(target, n)
     prev = _one_hot([max(i - 1, 0) for i in range(n)], n)
     maps = [np.stack([np.stack([on_arcs, prev])])] * 4
-    result = syntactic(maps, [s.arcs for s in sents], offsets)
+    result = syntactic(maps, [s.units for s in sents], [s.arcs for s in sents], found.offsets)
     for rel in ("nsubj", "obj", "amod", "advmod", "det"):
         assert result[f"{rel} dep→head"]["accuracy"][0, 0] == 1.0
         assert result[f"{rel} dep→head"]["arcs"] == 4 * (2 if rel == "det" else 1)
     for rel in ("nsubj", "obj", "amod", "advmod"):  # one arc each: one offset
         assert result[f"{rel} dep→head"]["baseline"] == 1.0
-    assert result["det dep→head"]["baseline"] == 0.5  # the→dog at +2, a→cat at +1
-    assert result["obj dep→head"]["accuracy"][0, 1] == 0.0  # cat→a, not sees
-    assert result["det dep→head"]["accuracy"][0, 1] == 0.0  # a→sees, the→the: never the noun
+    assert result["det dep→head"]["baseline"] == 0.5  # the→dog at +2 words, a→cat at +1
+    # the previous-piece head, at word level, is the previous word: a→sees is wrong, cat→a too
+    assert result["obj dep→head"]["accuracy"][0, 1] == 0.0
+    assert result["amod dep→head"]["accuracy"][0, 1] == 0.0  # big → the, not dog
+    assert result["nsubj head→dep"]["accuracy"][0, 1] == 1.0  # sees → dog, the previous word
     assert "case dep→head" not in result  # no arcs, no entry
     # a baseline below 1: two amod arcs at different offsets
     off = {"amod dep→head": Counter({1: 3, 2: 1})}
-    mixed = syntactic(maps, [s.arcs for s in sents], off)
+    mixed = syntactic(maps, [s.units for s in sents], [s.arcs for s in sents], off)
     assert mixed["amod dep→head"]["baseline"] == 0.75
 
 
-def test_identical_heads_have_distance_zero_and_disjoint_heads_one_bit_per_query():
-    n = 6
+def test_head_distances_are_clarks_js_per_query_across_layers():
+    from scipy.spatial.distance import jensenshannon
+
+    rng = np.random.default_rng(1)
+    n = 5
     a = _one_hot([0] * n, n)
     b = _one_hot([1] * n, n)
-    maps = [np.stack([np.stack([a, a, b])])]
-    d = js_distances(maps)[0]
-    assert d[0, 1] == pytest.approx(0.0, abs=1e-6)
-    assert d[0, 2] == pytest.approx(n * 1.0, rel=1e-6)  # JS of disjoint one-hots: 1 bit
-    np.testing.assert_allclose(d, d.T)
-    assert diversity(js_distances(maps)) == [pytest.approx((0 + n + n) / 3, rel=1e-6)]
+    c = rng.dirichlet(np.ones(n), size=n)
+    maps = [np.stack([np.stack([a, a]), np.stack([b, c])])]  # 2 layers × 2 heads
+    d = head_distances(maps)
+    assert d.shape == (4, 4) and d[0, 1] == pytest.approx(0.0, abs=1e-12)
+    np.testing.assert_allclose(d, d.T, atol=1e-12)
+
+    def ref(p, q):  # scipy's JS distance is the square root of the divergence (natural log)
+        p, q = 0.999 * p + 0.001 / n, 0.999 * q + 0.001 / n
+        return np.mean([jensenshannon(p[i], q[i]) ** 2 for i in range(n)])
+
+    heads = [a, a, b, c]
+    for i in range(4):
+        for j in range(4):
+            assert d[i, j] == pytest.approx(ref(heads[i], heads[j]), rel=1e-9, abs=1e-12)
+    assert d[0, 2] < np.log(2) and d[0, 2] == pytest.approx(np.log(2), rel=0.01)
+    # per query: a sentence twice as long with the same rows gives the same distance
+    long = [np.concatenate([maps[0], maps[0]], axis=2)]
+    long = [np.pad(m, ((0, 0), (0, 0), (0, 0), (0, 0))) for m in long]
+    assert head_distances(long)[0, 2] == pytest.approx(d[0, 2], rel=1e-9)
+    assert diversity(d, 2) == [pytest.approx(0.0, abs=1e-12), pytest.approx(d[2, 3])]
+
+
+def test_head_map_puts_identical_heads_together_and_groups_apart(tmp_path):
+    from heads_lab import figures
+
+    # two groups of three identical heads, the groups far apart
+    d = np.full((6, 6), 0.6)
+    d[:3, :3] = d[3:, 3:] = 0.0
+    xy = mds_coordinates(d)
+    assert xy.shape == (6, 2)
+    within = np.linalg.norm(xy[0] - xy[1]) + np.linalg.norm(xy[3] - xy[5])
+    across = np.linalg.norm(xy[0] - xy[3])
+    assert within < 1e-3 and across == pytest.approx(0.6, rel=0.05)
+    np.testing.assert_allclose(mds_coordinates(d), xy)  # the same map each time
+    stats = within_layer(d, 2)
+    assert stats[0]["mean"] == 0.0 and stats[1]["to_other_layers"] == pytest.approx(0.6)
+    path = figures.head_map({"enc-self": xy.tolist(), "dec-self": xy.tolist()},
+                            {"enc-self": 2, "dec-self": 3}, tmp_path)
+    assert path.name == "head_map.png" and path.stat().st_size > 1000
+    with pytest.raises(ValueError, match="layers"):
+        figures.head_map({"enc-self": xy.tolist()}, {"enc-self": 4}, tmp_path)
 
 
 def test_subwords_are_matched_to_words_by_character_spans():
@@ -163,7 +254,7 @@ def test_conllu_is_read_with_ud_names_and_bad_lines_are_named(tmp_path: Path):
     words = ["Dogs", "see", "cats"]
     sents = [Sentence([0, 1, 2, 3], [2], {})]
     attach_arcs(sents, ["Dogs see cats"], read_conllu(good), _Pieces(words))
-    assert sents[0].arcs == [([1], [0], "nsubj"), ([1], [2], "obj")]
+    assert sents[0].arcs == [(1, 0, "nsubj"), (1, 2, "obj")] and sents[0].units == [[0], [1], [2]]
     bad = tmp_path / "bad.conllu"
     bad.write_text("1\tDogs\tdog\n", encoding="utf-8")
     with pytest.raises(DataError, match="bad.conllu:1: a CoNLL-U line has 10"):
@@ -177,7 +268,9 @@ def _result(source, relations):
     return {"functions": {"enc-self": [["other", "syntactic"]]},
             "head_kinds": {"enc-self": {"head": 2}}, "map_kind": {"enc-self": "head"},
             "grids": {"confidence": {"enc-self": one}, "importance": {"enc-self": one}},
-            "diversity": {"enc-self": [1.0]}, "counts": {"enc-self": {"other": 1, "syntactic": 1}},
+            "diversity": {"enc-self": [1.0]}, "heads": [],
+            "within_layer": {"enc-self": [{"mean": 1.0, "std": 0.0, "to_other_layers": None}]},
+            "counts": {"enc-self": {"other": 1, "syntactic": 1}},
             "thresholds": {"syntactic_margin": 0.1, "min_arcs": 20},
             "syntax": {"source": source, "relations": relations, "sentences": 10, "matched": 10,
                        "matched_share": 1.0, "unmatched": []}}

@@ -116,33 +116,30 @@ def test_function_map_refuses_unknown_roles_and_empty_input(tmp_path):
 
 
 def distances(rng, layers, heads):
-    out = []
-    for _ in range(layers):
-        m = rng.random((heads, heads)) * 0.6
-        m = (m + m.T) / 2
-        np.fill_diagonal(m, 0.0)
-        out.append(m.tolist())
-    return out
+    m = rng.random((layers * heads, layers * heads)) * 0.6  # every head against every head
+    m = (m + m.T) / 2
+    np.fill_diagonal(m, 0.0)
+    return m.tolist()
 
 
 def test_distance_matrices_and_diversity(tmp_path):
     rng = np.random.default_rng(2)
     d = {"enc-self": distances(rng, 3, 4), "dec-enc": distances(rng, 2, 4)}
-    diversity = {site: [float(np.mean(m)) for m in mats] for site, mats in d.items()}
+    diversity = {"enc-self": [0.1, 0.2, 0.3], "dec-enc": [0.2, 0.1]}
     paths = figures.distance_matrices(d, diversity, tmp_path)
     assert [p.name for p in paths] == ["head_distance.png", "head_diversity.png"]
     for p in paths:
         read_png(p)
-    # a row per site, a column per layer: two sites stand taller than one
+    # a panel per site, side by side: two sites stand wider than one
     (single,) = figures.distance_matrices({"enc-self": d["enc-self"]}, {}, tmp_path / "one")
-    assert read_png(paths[0]).shape[0] > read_png(single).shape[0]
+    assert read_png(paths[0]).shape[1] > read_png(single).shape[1]
     assert figures.distance_matrices({}, {"dec-self": [0.2, 0.3]}, tmp_path / "div")[0].name == \
         "head_diversity.png"
 
 
 def test_distance_matrices_refuse_non_square(tmp_path):
     with pytest.raises(ValueError, match="square"):
-        figures.distance_matrices({"enc-self": [[[0.0, 0.1, 0.2], [0.1, 0.0, 0.3]]]}, {}, tmp_path)
+        figures.distance_matrices({"enc-self": [[0.0, 0.1, 0.2], [0.1, 0.0, 0.3]]}, {}, tmp_path)
 
 
 def test_attention_heatmap_draws_tokens_and_checks_shape(tmp_path):
@@ -171,8 +168,9 @@ def test_head_view_html_is_self_contained_and_round_trips_the_data(tmp_path):
     rng = np.random.default_rng(4)
     att = {"dec-enc": attention(rng, 2, 3, len(TGT), len(SRC)),  # order given is not drawn order
            "enc-self": attention(rng, 3, 4, len(SRC), len(SRC))}  # dec-self absent
+    notes = {"enc-self": [[f"<b>{layer}.{h}</b>" for h in range(4)] for layer in range(3)]}
     path = figures.head_view_html(att, SRC, TGT, tmp_path / "v" / "view.html",
-                                  title='heads <i>"view"</i>')
+                                  title='heads <i>"view"</i>', notes=notes)
     text = path.read_text(encoding="utf-8")
     assert "http://" not in text and "https://" not in text
     assert not re.search(r"""<(script|link|img|iframe)[^>]*\s(src|href)\s*=""", text, re.I)
@@ -184,6 +182,7 @@ def test_head_view_html_is_self_contained_and_round_trips_the_data(tmp_path):
     for site in data["sites"]:
         np.testing.assert_allclose(np.array(site["weights"]), att[site["name"]], atol=1e-6, rtol=0)
     enc, cross = data["sites"]
+    assert enc["notes"] == notes["enc-self"] and "notes" not in cross  # the heads' tooltips
     assert enc["queries"] == SRC and enc["keys"] == SRC
     assert cross["queries"] == TGT and cross["keys"] == SRC
     for token in (NASTY, "<b>", "<s>", "</s>"):

@@ -99,13 +99,16 @@ def test_words_reach_subwords_through_their_surface_token(tmp_path, tokenizer):
     def covered(positions):  # the characters of a word's subwords, spaces dropped
         return "".join(text[spans[j][0]:spans[j][1]] for j in positions).strip()
 
-    arcs = {(rel, covered(dep)): covered(head) for head, dep, rel in sentences[0].arcs}
+    units = sentences[0].units  # one per surface token: zum and am are one word each
+    assert len(units) == 7 and covered(units[2]) == "zum" and covered(units[4]) == "am"
+    arcs = {(rel, covered(units[dep])): covered(units[head]) for head, dep, rel in sentences[0].arcs}
     assert arcs == {("nsubj", "Er"): "geht", ("case", "zum"): "Bahnhof",
                     ("det", "zum"): "Bahnhof", ("obl", "Bahnhof"): "geht",
                     ("case", "am"): "Montag", ("obl", "Montag"): "geht"}
     assert sentences[1].arcs[0][2] == "nmod" and pieces[0].startswith("▁")  # nmod:poss
-    # word offsets for the baselines count syntactic words: zu → Bahnhof is +2, an → Montag +2
-    assert found.offsets["case dep→head"] == Counter({2: 2})
+    # word offsets for the baselines count the same words (surface tokens) the maps are
+    # converted to: zum → Bahnhof is +1, am → Montag +1
+    assert found.offsets["case dep→head"] == Counter({1: 2})
     assert found.offsets["det dep→head"] == Counter({1: 1})  # dem → Bahnhof; dem → an skipped
 
 
@@ -183,6 +186,7 @@ def test_the_pud_german_treebank_is_read_and_matched(tmp_path):
     assert set(arcs) == set(RELATIONS) and arcs["det"] > 1000
     # a head that always looks at the previous token scores the baseline's "offset −1" share
     maps = [np.eye(len(s.src), k=-1)[None, None] for s in sentences]
-    result = syntactic(maps, [s.arcs for s in sentences], found.offsets)
+    result = syntactic(maps, [s.units for s in sentences], [s.arcs for s in sentences],
+                       found.offsets)
     assert result["amod dep→head"]["arcs"] == arcs["amod"]
     assert result["det dep→head"]["baseline"] > 0.5  # German det is mostly right before its noun
