@@ -33,6 +33,15 @@ class Init(Choice):
     admin = "admin"  # Liu et al. 2020, post-norm: x = LN(ω⊙x + f(x)), ω from a profiling pass
 
 
+class Mixes(Choice):
+    """Which of talking heads' two mixes a layer has (Shazeer et al. 2020: "roughly equally
+    important – removing either harms")."""
+
+    both = "both"  # P_l over the logits and P_w over the weights
+    logits = "logits"  # P_l only: W is what the values read (h_V = h)
+    weights = "weights"  # P_w only: the logits are J (h = h_K)
+
+
 class MixInit(Choice):
     """How talking heads' mixing projections P_l [h_K, h] and P_w [h, h_V] start."""
 

@@ -17,6 +17,7 @@ from heads_lab.choices import (  # noqa: F401 (re-exported: config users import 
     FileFormat,
     GateRule,
     Init,
+    Mixes,
     MixInit,
     Norm,
     NormalForm,
@@ -61,6 +62,9 @@ class ModelConfig:
         "talking heads' mixes P_l, P_w: identity | normal (N(0, 1/fan-in), Shazeer et al.'s code); "
         "None = identity where a mix is square (the layer starts as multi-head attention), "
         "normal where its head counts differ (an identity would leave the surplus heads unused)")
+    mixes: Mixes | None = opt(None,
+        "talking heads' mixes: both | logits (P_l only; needs heads_v = heads) | weights (P_w "
+        "only; needs heads_k = heads); None = both")
     talking_heads_in: list[str] = field(default_factory=lambda: list(ATTENTION_SITES), metadata={
         "help": "the sites that use talking heads (the others: mha)"})
     d_ff: int = opt(1024, "feed-forward inner width")

@@ -15,6 +15,16 @@ from dataclasses import dataclass
 BYTES_FP32 = 4
 
 
+def _value(x) -> str:
+    return str(getattr(x, "value", x))
+
+
+def _mixes(cfg) -> tuple[bool, bool]:
+    """(has P_l over the logits, has P_w over the weights) of a talking-heads config."""
+    mixes = _value(cfg.mixes) if cfg.mixes is not None else "both"
+    return mixes != "weights", mixes != "logits"
+
+
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
@@ -113,9 +123,10 @@ class MultiHead(Variant):
             if value is not None and value != cfg.heads:
                 return (f"model.{key}={value} needs model.attention=talking_heads (mha uses "
                         "model.heads for queries, keys and values)")
-        if cfg.mix_init is not None:
-            return (f"model.mix_init={cfg.mix_init} needs model.attention=talking_heads (mha has "
-                    "no head mixes): drop it or set model.mix_init=null")
+        for key in ("mix_init", "mixes"):
+            if getattr(cfg, key) is not None:
+                return (f"model.{key}={_value(getattr(cfg, key))} needs model.attention="
+                        f"talking_heads (mha has no head mixes): drop it or set model.{key}=null")
         if cfg.kv_heads is not None and cfg.heads % cfg.kv_heads:
             divisors = [d for d in range(1, cfg.heads + 1) if cfg.heads % d == 0]
             return (f"model.heads={cfg.heads} is not a multiple of model.kv_heads={cfg.kv_heads}: "
@@ -146,20 +157,24 @@ class TalkingHeads(Variant):
         return {"qk": c.k, "softmax": c.h, "value": c.v}
 
     def mix_params(self, cfg) -> int:
-        c = self.counts(cfg)
-        return c.k * c.h + c.h * c.v
+        c, (logits, weights) = self.counts(cfg), _mixes(cfg)
+        return c.k * c.h * logits + c.h * c.v * weights
 
     def score_flops(self, cfg, n: float, m: float) -> float:
-        c = self.counts(cfg)
-        return super().score_flops(cfg, n, m) + 2 * n * m * (c.k * c.h + c.h * c.v)  # mixes
+        return super().score_flops(cfg, n, m) + 2 * n * m * self.mix_params(cfg)  # the mixes
 
     def activation_bytes(self, cfg, n: float, m: float) -> float:
-        c = self.counts(cfg)  # J, W and U; with attention dropout U's mask and dropped copy
-        return BYTES_FP32 * n * m * (c.k + c.h + c.v * (2 if cfg.attention_dropout > 0 else 1))
+        """J (for P_l's gradient, when P_l is there), W (softmax's backward) and U (for V's
+        gradient; it is W itself when there is no P_w); with attention dropout, instead of U,
+        its mask and dropped copy."""
+        c, (logits, weights) = self.counts(cfg), _mixes(cfg)
+        kept = c.k * logits + c.h + (2 * c.v if cfg.attention_dropout > 0 else c.v * weights)
+        return BYTES_FP32 * n * m * kept
 
     def label(self, cfg) -> str:
-        c = self.counts(cfg)
-        return f"talking heads h_K {c.k}, h {c.h}, h_V {c.v}"
+        c, (logits, weights) = self.counts(cfg), _mixes(cfg)
+        only = "" if logits and weights else f", {'logits' if logits else 'weights'} mix only"
+        return f"talking heads h_K {c.k}, h {c.h}, h_V {c.v}{only}"
 
     def removable(self, cfg) -> bool:
         return False  # every head is mixed into every other; mask instead
@@ -168,6 +183,15 @@ class TalkingHeads(Variant):
         if cfg.kv_heads is not None:
             return (f"model.kv_heads={cfg.kv_heads} applies to model.attention=mha; talking heads "
                     "set their key and value heads with model.heads_k and model.heads_v")
+        c, (logits, weights) = self.counts(cfg), _mixes(cfg)
+        if not weights and c.v != c.h:
+            return (f"model.mixes=logits needs model.heads_v = model.heads ({c.h}), not {c.v}: "
+                    "without P_w nothing maps softmax heads to value heads (set "
+                    "model.heads_v=null)")
+        if not logits and c.k != c.h:
+            return (f"model.mixes=weights needs model.heads_k = model.heads ({c.h}), not {c.k}: "
+                    "without P_l nothing maps query/key heads to softmax heads (set "
+                    "model.heads_k=null)")
         return None
 
     def bench(self, quick: bool) -> list[tuple[str, dict]]:

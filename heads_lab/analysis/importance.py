@@ -22,7 +22,9 @@ def importance_by_kind(model, split: Split, count: int | None, max_tokens: int, 
     mean NLL per target token and ξ a multiplier at 1 on each head of each kind of the modules
     in `sites` (all_kinds=False: only the kind masks and removal act on); each (module, kind)
     normalised by its ℓ2 norm. The out kind's ξ multiplies the heads' outputs (heads.multipliers);
-    talking heads' query/key and softmax heads scale the rows of P_l [h_K, h] and P_w [h, h_V],
+    talking heads' query/key and softmax heads scale the rows of P_l [h_K, h] and P_w [h, h_V]
+    (a layer with one mix (model.mixes): the kind without its mix is the same heads as its
+    neighbour, softmax = value heads without P_w, query/key = softmax heads without P_l),
     so at ξ = 1 their ∂L/∂ξ is Σ over the row of P · ∂L/∂P. All are partial derivatives at the
     same point, so one backward pass scores every kind. `masked` heads (of the out kind; with a
     gated model also its closed heads, the gates off) are held at 0."""
@@ -35,7 +37,8 @@ def importance_by_kind(model, split: Split, count: int | None, max_tokens: int, 
     if all_kinds:
         for (site, layer), module in modules.items():
             if site in sites and module.mix_parameters():
-                mixes[site, layer, "qk"], mixes[site, layer, "softmax"] = module.mix_parameters()
+                for kind, mix in module.mix_rows().items():
+                    mixes[site, layer, kind] = mix
     flags = [p.requires_grad for p in model.parameters()]
     for p in model.parameters():
         p.requires_grad_(False)
@@ -72,6 +75,11 @@ def importance_by_kind(model, split: Split, count: int | None, max_tokens: int, 
         s = sums[key] / max(batches, 1)
         norm = np.linalg.norm(s)
         out[key] = s / norm if norm > 0 else s
+    if all_kinds:  # a talking-heads layer with one mix: two kinds are the same heads
+        for (site, layer), module in modules.items():
+            for kind, twin in getattr(module, "same_heads", dict)().items():
+                if (site, layer, twin) in out:
+                    out[site, layer, kind] = out[site, layer, twin]
     return out
 
 

@@ -240,21 +240,48 @@ class TalkingHeadsAttention(Attention):
     model: ~0.05 importance vs ~0.5; results/README.md). `identity` (eye plus N(0, 0.01²) where
     not square, the earlier start) and `normal` force one start for both mixes. The [batch, heads,
     n, m] tensors are J, W and U (the n·m·(h_K + h + h_V) activation term); the mixes are single
-    matmuls over the head axis on contiguous views, with no transposed copies."""
+    matmuls over the head axis on contiguous views, with no transposed copies.
+
+    `mixes` keeps one mix only (Shazeer et al.'s ablation): "logits" drops P_w (U = W, so h_V =
+    h), "weights" drops P_l (L = J, so h = h_K); the layer then computes exactly what the
+    formulas above do with that mix the identity, without its parameters and matmul."""
 
     variant = "talking_heads"
 
     def __init__(self, d_model: int, heads: int, head_dim: int, dropout: float = 0.0,
                  heads_k: int | None = None, heads_v: int | None = None, relative: int = 0,
-                 mix_init: str | None = None):
+                 mix_init: str | None = None, mixes: str | None = None):
         heads_k, heads_v = heads_k or heads, heads_v or heads
+        mixes = str(getattr(mixes, "value", mixes) or "both")
+        if mixes not in ("both", "logits", "weights"):
+            raise ConfigError(f"model.mixes={mixes} is unknown: choose both, logits or weights")
+        if (mixes == "logits" and heads_v != heads) or (mixes == "weights" and heads_k != heads):
+            raise ConfigError(f"model.mixes={mixes} needs model.heads_{'v' if mixes == 'logits' else 'k'}"
+                              f" = model.heads ({heads}): without the other mix nothing maps one "
+                              "count of heads to the other")
         super().__init__(d_model, heads, head_dim, dropout, q_heads=heads_k, k_heads=heads_k,
                          v_heads=heads_v, out_heads=heads_v, relative=relative)
-        self.logits_mix = nn.Parameter(_mix_init(heads_k, heads, mix_init))  # P_l [h_K, h]
-        self.weights_mix = nn.Parameter(_mix_init(heads, heads_v, mix_init))  # P_w [h, h_V]
+        self.mixes = mixes
+        # P_l [h_K, h] and P_w [h, h_V]; a mix left out is None (the identity, not stored)
+        self.logits_mix = (nn.Parameter(_mix_init(heads_k, heads, mix_init))
+                           if mixes != "weights" else None)
+        self.weights_mix = (nn.Parameter(_mix_init(heads, heads_v, mix_init))
+                            if mixes != "logits" else None)
 
     def mix_parameters(self) -> list[nn.Parameter]:
-        return [self.logits_mix, self.weights_mix]
+        return [p for p in (self.logits_mix, self.weights_mix) if p is not None]
+
+    def mix_rows(self) -> dict[str, nn.Parameter]:
+        """{kind: the mix whose rows are that kind's heads}: P_l's rows are the query/key heads,
+        P_w's the softmax heads (what importance scales per head)."""
+        return {kind: p for kind, p in (("qk", self.logits_mix), ("softmax", self.weights_mix))
+                if p is not None}
+
+    def same_heads(self) -> dict[str, str]:
+        """{kind: the kind it is the same heads as} where a mix is left out: without P_w each
+        softmax head is its value head, without P_l each query/key head its softmax head."""
+        return {"both": {}, "logits": {"softmax": "value"},
+                "weights": {"qk": "softmax"}}[self.mixes]
 
     def kinds(self) -> dict[str, int]:
         return {"qk": self.q_heads, "softmax": self.heads, "value": self.v_heads}
@@ -263,19 +290,22 @@ class TalkingHeadsAttention(Attention):
     def from_config(cls, cfg, site: str) -> TalkingHeadsAttention:
         return cls(cfg.d_model, cfg.heads, cfg.d_head, cfg.attention_dropout, cfg.heads_k,
                    cfg.heads_v, cfg.relative_positions if SITE[site].self_attention else 0,
-                   cfg.mix_init)
+                   cfg.mix_init, cfg.mixes)
 
     def attend(self, q, k, v, mask, causal: bool, need_weights: bool):
         b, h_k, n, _ = q.shape
         m = k.shape[2]
         h, h_v = self.heads, self.v_heads
         j = torch.matmul(q * self.head_dim**-0.5, k.transpose(-2, -1))  # J [batch, h_K, n, m]
-        logits = torch.matmul(self.logits_mix.t(), j.view(b, h_k, n * m)).view(b, h, n, m)  # L
+        logits = (torch.matmul(self.logits_mix.t(), j.view(b, h_k, n * m)).view(b, h, n, m)
+                  if self.logits_mix is not None else j)  # L
         rel = self.relative_bias(n, m)
         if rel is not None:  # per softmax head, after the mix
             logits = logits + rel
+        # in place: no backward needs L (nor J, when L is J: QKᵀ's backward keeps Q and K)
         weights = _masked_softmax(logits, mask, causal, inplace=True)  # W [batch, h, n, m]
-        mixed = torch.matmul(self.weights_mix.t(), weights.view(b, h, n * m)).view(b, h_v, n, m)
+        mixed = (torch.matmul(self.weights_mix.t(), weights.view(b, h, n * m)).view(b, h_v, n, m)
+                 if self.weights_mix is not None else weights)  # U [batch, h_V, n, m]
         p = self.dropout if self.training else 0.0
         o = torch.matmul(dropout(mixed, p, True), v)  # O [batch, h_V, n, head_dim]
         return o, weights if need_weights else None

@@ -269,3 +269,32 @@ def test_gates_from_scratch_report_heads_kept_and_evaluate_again(tmp_path):
     assert again.returncode == 0, again.stderr
     analyzed = heads_lab("analyze", str(found.parent), "analysis.max_sentences=10", cwd=tmp_path)
     assert analyzed.returncode == 0, analyzed.stderr  # importance under the closed gates
+
+
+@pytest.mark.parametrize("mixes,counts", [("logits", (2, 4, 4)), ("weights", (4, 4, 2))],
+                         ids=["logits only", "weights only"])
+def test_talking_heads_with_one_mix_train_analyze_mask_and_gate(tmp_path, mixes, counts):
+    hk, h, hv = counts
+    proc = heads_lab("train", *[a for a in SMALL if not a.startswith("trainer.max_steps")],
+                     "trainer.max_steps=10", "model.attention=talking_heads", f"model.mixes={mixes}",
+                     f"model.heads={h}", f"model.heads_k={hk}", f"model.heads_v={hv}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    (results,) = _results(tmp_path / "outputs")
+    run = results.parent
+    summary = json.loads(results.read_text())
+    assert summary["metrics"]["cost/params"] > 0
+    proc = heads_lab("analyze", str(run), "analysis.max_sentences=10", cwd=run)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    (out,) = (run / "analysis").iterdir()
+    result = json.loads((out / "analysis.json").read_text())
+    grids = result["grids"]
+    # the kind without its mix is the same heads as its neighbour: the same importance
+    twin = ("importance", "importance_value") if mixes == "logits" else ("importance_qk", "importance")
+    for site in ("enc-self", "dec-self", "dec-enc"):
+        np.testing.assert_allclose(grids[twin[0]][site], grids[twin[1]][site], rtol=1e-12)
+        assert [sum(r) for r in grids["lrp_value"][site]] == pytest.approx([1.0, 1.0])
+    masked = heads_lab("eval", str(run), "eval.beam=1", "eval.head_mask=enc:*:0", cwd=run)
+    assert masked.returncode == 0, masked.stderr
+    gates = heads_lab("prune", str(run), "method=gates", "prune.steps=4", "prune.eval_sentences=5",
+                      cwd=run)
+    assert gates.returncode == 0, gates.stderr + gates.stdout

@@ -100,6 +100,47 @@ def test_talking_heads_equal_float64_einsum_of_the_formulas(case):
     torch.testing.assert_close(y_fast, y_ref)
 
 
+@pytest.mark.parametrize("case", ["padded-self", "causal-self", "cross"])
+@pytest.mark.parametrize("mixes,counts", [("logits", (2, 6, 6)), ("weights", (6, 6, 3))],
+                         ids=["logits only", "weights only"])
+def test_a_layer_without_a_mix_is_the_layer_with_that_mix_the_identity(mixes, counts, case):
+    """model.mixes: the layer with one mix computes the paper's formulas (the float64 einsum
+    reference) with the other mix the identity, and has no parameter for it."""
+    torch.manual_seed(4)
+    hk, h, hv = counts
+    one = TalkingHeadsAttention(D, h, 5, heads_k=hk, heads_v=hv, mixes=mixes).double().eval()
+    both = TalkingHeadsAttention(D, h, 5, heads_k=hk, heads_v=hv).double().eval()
+    _copy_projections(one, both)
+    with torch.no_grad():
+        kept = one.logits_mix if mixes == "logits" else one.weights_mix
+        kept.normal_()
+        (both.logits_mix if mixes == "logits" else both.weights_mix).copy_(kept)
+        (both.weights_mix if mixes == "logits" else both.logits_mix).copy_(torch.eye(h))
+    assert (one.weights_mix if mixes == "logits" else one.logits_mix) is None
+    assert sum(p.numel() for p in one.mix_parameters()) == kept.numel()
+    x = torch.randn(2, 5, D, dtype=torch.float64)
+    memory = torch.randn(2, 7, D, dtype=torch.float64)
+    kwargs = {"padded-self": dict(mask=_padding_mask([5, 2], 5)), "causal-self": dict(causal=True),
+              "cross": dict(memory=memory, mask=_padding_mask([7, 3], 7))}[case]
+    y_one, w_one = one(x, need_weights=True, **kwargs)
+    y_both, w_both = both(x, need_weights=True, **kwargs)
+    torch.testing.assert_close(y_one, y_both)
+    torch.testing.assert_close(w_one, w_both)
+    keep = (kwargs["mask"][:, 0, 0, None, :].expand(2, 5, kwargs["mask"].shape[-1])
+            if "mask" in kwargs else torch.ones(5, 5, dtype=torch.bool).tril().expand(2, 5, 5))
+    y_ref, _, _ = _einsum_reference(both, x, memory if case == "cross" else x, keep)
+    torch.testing.assert_close(y_one, y_ref)
+    # the fused path (no weights returned) too
+    torch.testing.assert_close(one(x, **kwargs)[0], y_ref)
+
+
+def test_a_mix_setting_needs_talking_heads_and_matching_head_counts():
+    with pytest.raises(ConfigError, match="model.mixes=logits needs model.heads_v = model.heads"):
+        TalkingHeadsAttention(D, 4, 6, heads_v=2, mixes="logits")
+    with pytest.raises(ConfigError, match="model.mixes=weights needs model.heads_k = model.heads"):
+        TalkingHeadsAttention(D, 4, 6, heads_k=2, mixes="weights")
+
+
 @pytest.mark.parametrize("need_weights", [False, True])
 @pytest.mark.parametrize("kv_heads", [1, 2, 4])
 def test_grouped_query_equals_multi_head_with_repeated_kv_heads(kv_heads, need_weights):
@@ -137,6 +178,8 @@ VARIANTS = [
     dict(kv_heads=2),
     dict(relative_positions=2),
     dict(attention=AttentionKind.talking_heads, heads=4, heads_k=2, relative_positions=3),
+    dict(attention=AttentionKind.talking_heads, heads=4, heads_k=2, mixes="logits"),
+    dict(attention=AttentionKind.talking_heads, heads=4, heads_v=2, mixes="weights"),
 ]
 
 
