@@ -194,7 +194,7 @@ BOOKKEEPING = ("paths", "logger", "name", "tags", "analysis", "report", "cost", 
                "trainer.save_every", "trainer.keep_last", "trainer.resume",
                "trainer.save_checkpoint", "trainer.dist_timeout_s")
 # ... and what a resumed run may change besides: how long it trains, how it is evaluated after
-RESUMABLE_CHANGES = (*BOOKKEEPING, "trainer.max_steps", "trainer.max_epochs",
+RESUMABLE_CHANGES = (*BOOKKEEPING, "trainer.max_steps", "trainer.max_epochs", "trainer.max_time",
                      "trainer.max_bad_steps", "eval")
 
 
@@ -270,6 +270,8 @@ def _check_trainer(t) -> None:
     for key in ("max_steps", "max_epochs"):
         value = getattr(t, key)
         _check(value is None or value >= 1, f"trainer.{key}={value} must be >= 1 (or null)")
+    _check(t.max_time is None or t.max_time > 0, f"trainer.max_time={t.max_time} must be > 0 "
+           "seconds of training (or null: no time budget)")
     _check(t.lr > 0, f"trainer.lr={t.lr} must be > 0")
     _check(t.warmup_steps >= 0, f"trainer.warmup_steps={t.warmup_steps} must be >= 0")
     _check(t.update_freq >= 1, f"trainer.update_freq={t.update_freq} must be >= 1")

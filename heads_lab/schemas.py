@@ -205,6 +205,10 @@ class SyntheticDataConfig(DataConfig):
 class TrainerConfig:
     max_steps: int | None = opt(300, "stop at max_steps or max_epochs, whichever comes first")
     max_epochs: int | None = opt(None, "stop after this many epochs (null: max_steps decides)")
+    max_time: float | None = opt(None,
+        "a time budget in seconds of training updates (validation, checkpoints and evaluation "
+        "not counted; kept across resumes): the run stops there, validates, saves and is "
+        "evaluated as at max_steps (results.json: train.stopped_by); null = none")
     max_tokens: int = opt(4096,
         "batch size in tokens (padded source or target, whichever is larger)")
     update_freq: int = opt(1, "accumulate gradients over this many batches per step")

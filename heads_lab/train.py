@@ -60,6 +60,7 @@ class TrainResult:
     history: list[dict[str, float]]
     skipped_steps: int = 0  # updates skipped for a non-finite loss or gradient
     resumed_from: int | None = None  # the step of the checkpoint this run continued from
+    stopped_by: str = "max_steps"  # what ended training: max_steps, max_epochs or max_time
 
 
 @dataclass
@@ -185,6 +186,7 @@ class Trainer:
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda done: factor(done + 1))
         self.max_steps = cfg.max_steps if cfg.max_steps is not None else math.inf
         self.max_epochs = cfg.max_epochs if cfg.max_epochs is not None else math.inf
+        self.max_time = cfg.max_time if cfg.max_time is not None else math.inf
         self.world, self.rank = (parallel.world, parallel.rank) if parallel else (1, 0)
         self.p = TrainState()
         self.resumed_from: int | None = None
@@ -320,7 +322,7 @@ class Trainer:
         per_update = self.cfg.update_freq * self.world  # batches in one update, all ranks
         batches = epoch_batches(self.train_split, self.cfg.max_tokens, self.seed, p.epoch)
         n_updates = math.ceil(len(batches) / per_update)  # a short last group is kept
-        while p.update < n_updates and p.step < self.max_steps:
+        while p.update < n_updates and p.step < self.max_steps and not self.out_of_time():
             group = batches[p.update * per_update : (p.update + 1) * per_update]
             started = time.perf_counter()
             losses, n_tokens = self.forward_backward(group)
@@ -345,12 +347,25 @@ class Trainer:
             p.epoch += 1
             p.update = 0
 
+    def out_of_time(self) -> bool:
+        """trainer.max_time spent (the updates' seconds); every data-parallel rank agrees."""
+        if self.max_time == math.inf:
+            return False
+        out = self.p.train_seconds >= self.max_time
+        if self.parallel:
+            out = self.parallel.any_stop("max_time" if out else None) is not None
+        return out
+
     def run(self) -> TrainResult:
         self.resume()
         p = self.p
         self.model.train()
+        timed_out = False
         try:
             while p.step < self.max_steps and p.epoch < self.max_epochs:
+                if self.out_of_time():
+                    timed_out = True
+                    break
                 self.epoch()
         except (RuntimeError, torch.distributed.DistError) as err:
             if self.parallel is None or not is_peer_failure(err):
@@ -376,4 +391,6 @@ class Trainer:
             history=p.history,
             skipped_steps=p.skipped,
             resumed_from=self.resumed_from,
+            stopped_by=("max_time" if timed_out else "max_steps" if p.step >= self.max_steps
+                        else "max_epochs"),
         )

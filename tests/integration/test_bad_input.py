@@ -94,6 +94,10 @@ CASES = [
     ("report-no-results", None, ["report", "."], ["no finished runs (results.json) under"]),
     ("admin-pre-norm", None, ["train", "model.init=admin"],
      ["model.init=admin is for post-norm models", "model.norm=post"]),
+    ("time-budget-zero", None, ["train", "trainer.max_time=0"],
+     ["trainer.max_time=0", "> 0 seconds", "null"]),
+    ("mixes-on-mha", None, ["train", "model.mixes=weights"],
+     ["model.mixes=weights needs model.attention=talking_heads", "model.mixes=null"]),
 ]
 
 

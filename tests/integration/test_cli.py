@@ -293,6 +293,19 @@ def test_talking_heads_with_unequal_head_counts_train_end_to_end(tmp_path):
     assert results["metrics"]["cost/attention_act_kb"] > 0
 
 
+def test_a_time_budget_ends_the_run_with_a_checkpoint_and_results_that_say_so(tmp_path):
+    # a budget spent by the first update, long before the first validation (step 15)
+    proc = heads_lab("train", *TINY, "trainer.max_time=1e-6", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    (found,) = _results(tmp_path / "outputs")
+    results = json.loads(found.read_text())
+    train = results["train"]
+    assert (train["steps"], train["stopped_by"], train["max_time"]) == (1, "max_time", 1e-6)
+    assert [h["step"] for h in train["valid_history"]] == [1]  # validated as at max_steps
+    assert math.isfinite(results["metrics"]["test/bleu"]) and results["status"] == "complete"
+    assert (found.parent / "checkpoints" / "step_0000001.pt").is_file()
+
+
 def test_multi_query_trains_and_reports_costs(tmp_path):
     proc = heads_lab("train", *TINY, "model.kv_heads=1", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr + proc.stdout

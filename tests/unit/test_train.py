@@ -113,3 +113,41 @@ def test_bf16_is_refused_on_a_cpu_without_native_bf16(monkeypatch):
     monkeypatch.undo()
     assert device.native_bf16() == (torch.cpu._is_avx512_bf16_supported()
                                           or torch.cpu._is_amx_tile_supported())
+
+
+class _Clock:
+    """train.py's `time` with a perf_counter that moves 0.5 s per call (two calls per update:
+    each update takes 0.5 s)."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        self.now += 0.5
+        return self.now
+
+
+def test_a_time_budget_stops_after_the_update_that_spends_it_and_resumes_with_more(
+        monkeypatch, tmp_path):
+    from heads_lab import train as train_module
+    from heads_lab.checkpoint import Checkpoints
+
+    monkeypatch.setattr(train_module, "time", _Clock())
+    split = _split(40)
+    common = dict(max_steps=50, max_tokens=64, valid_every=100, log_every=100, keep_last=1)
+    cfg = TrainerConfig(max_time=2.0, **common)
+    checkpoints = Checkpoints(tmp_path, cfg, {"trainer": {"max_time": 2.0}})
+    result = train(_model(), split, split, cfg, 0, CPU, checkpoints=checkpoints)
+    # 4 updates of 0.5 s spend the 2 s; the budget ended before the first validation (step 100),
+    # yet the run validated and saved as at max_steps
+    assert (result.steps, result.stopped_by, result.train_seconds) == (4, "max_time", 2.0)
+    assert result.history[-1]["step"] == 4 and math.isfinite(result.valid["ppl"])
+    assert (tmp_path / "checkpoints" / "step_0000004.pt").is_file()
+    # resumed with a larger budget: it goes on from step 4 and spends only what is left
+    more = TrainerConfig(max_time=3.0, **common)
+    resumed = train(_model(), split, split, more, 0, CPU,
+                    checkpoints=Checkpoints(tmp_path, more, {"trainer": {"max_time": 3.0}}))
+    assert (resumed.resumed_from, resumed.steps, resumed.stopped_by) == (4, 6, "max_time")
+    # no budget: max_steps decides, as before
+    plain = train(_model(), split, split, TrainerConfig(**{**common, "max_steps": 3}), 0, CPU)
+    assert (plain.steps, plain.stopped_by) == (3, "max_steps")
