@@ -33,6 +33,13 @@ class Init(Choice):
     admin = "admin"  # Liu et al. 2020, post-norm: x = LN(ω⊙x + f(x)), ω from a profiling pass
 
 
+class EvalCheckpoint(Choice):
+    """Which weights `train` evaluates at its end."""
+
+    last = "last"  # the final step's
+    best = "best"  # the best validation loss's (checkpoints/best.pt)
+
+
 class Mixes(Choice):
     """Which of talking heads' two mixes a layer has (Shazeer et al. 2020: "roughly equally
     important – removing either harms")."""

@@ -195,6 +195,7 @@ BOOKKEEPING = ("paths", "logger", "name", "tags", "analysis", "report", "cost", 
                "trainer.save_checkpoint", "trainer.dist_timeout_s")
 # ... and what a resumed run may change besides: how long it trains, how it is evaluated after
 RESUMABLE_CHANGES = (*BOOKKEEPING, "trainer.max_steps", "trainer.max_epochs", "trainer.max_time",
+                     "trainer.patience",
                      "trainer.max_bad_steps", "eval")
 
 
@@ -227,6 +228,10 @@ def validate(run: RunConfig) -> None:
     key and the fix."""
     _check_model(run.model)
     _check_trainer(run.trainer)
+    _check(run.trainer.save_checkpoint or str(getattr(run.eval.checkpoint, "value",
+                                                      run.eval.checkpoint)) == "last",
+           "eval.checkpoint=best evaluates checkpoints/best.pt: set trainer.save_checkpoint=true "
+           "(or eval.checkpoint=last)")
     _check_analysis_prune(run.analysis, run.prune)
     _check_data(run.data, run.trainer, run.model)
     _check_eval(run.eval, run.data, run.model)
@@ -270,6 +275,8 @@ def _check_trainer(t) -> None:
     for key in ("max_steps", "max_epochs"):
         value = getattr(t, key)
         _check(value is None or value >= 1, f"trainer.{key}={value} must be >= 1 (or null)")
+    _check(t.patience is None or t.patience >= 1, f"trainer.patience={t.patience} must be >= 1 "
+           "validations (or null: no early stop)")
     _check(t.max_time is None or t.max_time > 0, f"trainer.max_time={t.max_time} must be > 0 "
            "seconds of training (or null: no time budget)")
     _check(t.lr > 0, f"trainer.lr={t.lr} must be > 0")
@@ -331,6 +338,8 @@ def _check_data(d, t, m) -> None:
     c = d.cleaning
     _check(c.max_ratio is None or c.max_ratio >= 1,
            f"data.cleaning.max_ratio={c.max_ratio} must be >= 1 (or null for no ratio filter)")
+    _check(0.0 < d.train_fraction <= 1.0, f"data.train_fraction={d.train_fraction} must be in "
+           "(0, 1]: the share of the training pairs to train on (1 = all)")
     _check(d.max_train_pairs is None or d.max_train_pairs >= 1,
            f"data.max_train_pairs={d.max_train_pairs} must be >= 1 (or null for all)")
     if isinstance(d, TextFilesDataConfig):

@@ -4,6 +4,7 @@ with every artefact written into the run dir. Kept apart from cli.py so it runs 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -12,13 +13,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from heads_lab import parallel as data_parallel
 from heads_lab.checkpoint import Checkpoints
 from heads_lab.config import LoggerConfig, RunConfig, cache_dir
 from heads_lab.cost import Lengths, PeakMemory, account
-from heads_lab.data import collate, epoch_batches, prepare, testsets
+from heads_lab.data import collate, epoch_batches, prepare, testsets, train_subset
 from heads_lab.data.cleaning import describe
 from heads_lab.device import autocast, check_precision, resolve_device
 from heads_lab.errors import ConfigError, DataError, finished_run
@@ -89,6 +91,7 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
             ranks.barrier()
             return {}
 
+        evaluated = _evaluated_weights(run, model, run_dir, result)
         eval_started = time.perf_counter()
         split_name = run.eval.split
         split, ppl, scores = evaluate_on_split(run, model, corpus, device, run_dir, "")
@@ -103,6 +106,7 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
                       "seconds": result.train_seconds, "valid_history": result.history,
                       "skipped_steps": result.skipped_steps, "resumed_from": result.resumed_from,
                       "stopped_by": result.stopped_by, "max_time": run.trainer.max_time,
+                      "best_step": result.best_step, "evaluated": evaluated,
                       "data_parallel": ranks.world if ranks else 1},
             "timings": {"data_s": data_s, "train_s": result.train_seconds, "eval_s": eval_s,
                         "total_s": time.perf_counter() - started},
@@ -171,6 +175,8 @@ def _data(run: RunConfig, run_dir: Path, main_rank: bool):
     corpus = prepare(run.data, cache_dir(run.paths))
     if main_rank:
         shutil.copyfile(corpus.tokenizer.path, run_dir / "tokenizer.model")
+    if run.data.train_fraction < 1:
+        _subset_train(run, corpus)
     for name, split in corpus.splits.items():  # positions: BOS/EOS + tokens
         longest = int(max(split.src_lens.max(), split.tgt_lens.max()))
         if longest + 1 > run.model.max_positions:
@@ -180,6 +186,37 @@ def _data(run: RunConfig, run_dir: Path, main_rank: bool):
     for split in ("train", "valid", "test"):
         log.info("data %s %s", run.data.name, describe(split, corpus.stats[split]))
     return corpus
+
+
+def _evaluated_weights(run: RunConfig, model, run_dir: Path, result) -> dict[str, Any]:
+    """eval.checkpoint=best: the best validation's weights (checkpoints/best.pt) into the model
+    before it is evaluated. Returns which weights are evaluated, for results.json."""
+    if str(getattr(run.eval.checkpoint, "value", run.eval.checkpoint)) != "best":
+        return {"checkpoint": "last", "step": result.steps}
+    from heads_lab import checkpoint
+
+    state = checkpoint.load(checkpoint.checkpoint_dir(run_dir) / "best.pt")
+    model.load_state_dict(state["model"])
+    step = state["progress"]["step"]
+    log.info("evaluating the best validation's weights (step %d of %d)", step, result.steps)
+    return {"checkpoint": "best", "step": step}
+
+
+def _subset_train(run: RunConfig, corpus) -> None:
+    """data.train_fraction: the fixed training subset in place of the split (the tokenizer
+    stays the full split's), its size and a fingerprint of its sentences in the corpus stats."""
+    full = corpus.splits["train"]
+    subset, chosen = train_subset(full, run.data.train_fraction)
+    tokens = subset.target_tokens()
+    if tokens < run.trainer.max_tokens:
+        raise DataError(f"data.train_fraction={run.data.train_fraction} leaves {len(subset):,} "
+                        f"training pairs ({tokens:,} target tokens), less than one batch of "
+                        f"trainer.max_tokens={run.trainer.max_tokens}: raise data.train_fraction "
+                        "or lower trainer.max_tokens")
+    corpus.splits["train"] = subset
+    digest = hashlib.sha256(chosen.astype(np.int64).tobytes()).hexdigest()[:16]
+    corpus.stats["train"] = {**corpus.stats["train"], "fraction": run.data.train_fraction,
+                             "of": len(full), "kept": len(subset), "subset_sha256": digest}
 
 
 def _model(run: RunConfig, corpus, device: torch.device, ranks) -> Transformer:

@@ -13,6 +13,7 @@ from omegaconf import MISSING
 from heads_lab.choices import (  # noqa: F401 (re-exported: config users import them here)
     Activation,
     Choice,
+    EvalCheckpoint,
     EvalSplit,
     FileFormat,
     GateRule,
@@ -116,6 +117,10 @@ class DataConfig:
     tokenizer: Tokenizer = opt(Tokenizer.bpe, "SentencePiece model type: bpe | unigram")
     max_len: int = opt(250, "subword tokens per side; longer training pairs are dropped")
     max_train_pairs: int | None = opt(None, "keep only the first N cleaned training pairs")
+    train_fraction: float = opt(1.0,
+        "train on this fixed share of the training pairs, in (0, 1]: the same sentences for every "
+        "seed and model (a permutation with its own fixed seed; a smaller share is a subset of "
+        "a larger one), the tokenizer the full split's; results.json's data.train says how many")
     cleaning: CleaningConfig = field(default_factory=CleaningConfig)
 
 
@@ -205,6 +210,8 @@ class SyntheticDataConfig(DataConfig):
 class TrainerConfig:
     max_steps: int | None = opt(300, "stop at max_steps or max_epochs, whichever comes first")
     max_epochs: int | None = opt(None, "stop after this many epochs (null: max_steps decides)")
+    patience: int | None = opt(None, "stop early after this many validations in a row without a "
+                               "new best validation loss (null: never)")
     max_time: float | None = opt(None,
         "a time budget in seconds of training updates (validation, checkpoints and evaluation "
         "not counted; kept across resumes): the run stops there, validates, saves and is "
@@ -251,6 +258,9 @@ class EvalConfig:
     sacrebleu_test: str | None = opt(None, "e.g. wmt14: test on sacrebleu's copy of a standard set")
     average_last: int = opt(1, "`heads-lab eval`: average the weights of the last N checkpoints")
     head_mask: str | None = opt(None, "heads zeroed at evaluation, e.g. enc:0:3,dec-enc:2:*")
+    checkpoint: EvalCheckpoint = opt(EvalCheckpoint.last, "which weights `train` evaluates at "
+                                     "its end: last (the final step's) | best (the best "
+                                     "validation loss's, checkpoints/best.pt)")
 
 
 @dataclass

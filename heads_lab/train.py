@@ -60,7 +60,8 @@ class TrainResult:
     history: list[dict[str, float]]
     skipped_steps: int = 0  # updates skipped for a non-finite loss or gradient
     resumed_from: int | None = None  # the step of the checkpoint this run continued from
-    stopped_by: str = "max_steps"  # what ended training: max_steps, max_epochs or max_time
+    stopped_by: str = "max_steps"  # what ended training: max_steps, max_epochs, max_time, patience
+    best_step: int | None = None  # the step of the best validation loss (checkpoints/best.pt)
 
 
 @dataclass
@@ -78,8 +79,10 @@ class TrainState:
     history: list[dict[str, float]] = field(default_factory=list)
     valid: dict[str, float] = field(default_factory=dict)
     best_valid: float = math.inf
+    best_step: int | None = None
     skipped: int = 0
     bad_in_row: int = 0
+    since_best: int = 0  # validations since the last new best (trainer.patience)
 
 
 class Preempted(HeadsLabError):
@@ -218,8 +221,15 @@ class Trainer:
         self.on_log(p.step, metrics)
         if p.valid["loss"] < p.best_valid:
             p.best_valid = p.valid["loss"]
+            p.best_step, p.since_best = p.step, 0
             return True
+        p.since_best += 1
         return False
+
+    def out_of_patience(self) -> bool:
+        """trainer.patience validations in a row without a new best (the same on every rank:
+        every rank validates on the same data)."""
+        return self.cfg.patience is not None and self.p.since_best >= self.cfg.patience
 
     def save(self, best: bool = False) -> Path | None:
         if self.checkpoints is None:
@@ -322,7 +332,8 @@ class Trainer:
         per_update = self.cfg.update_freq * self.world  # batches in one update, all ranks
         batches = epoch_batches(self.train_split, self.cfg.max_tokens, self.seed, p.epoch)
         n_updates = math.ceil(len(batches) / per_update)  # a short last group is kept
-        while p.update < n_updates and p.step < self.max_steps and not self.out_of_time():
+        while (p.update < n_updates and p.step < self.max_steps and not self.out_of_time()
+               and not self.out_of_patience()):
             group = batches[p.update * per_update : (p.update + 1) * per_update]
             started = time.perf_counter()
             losses, n_tokens = self.forward_backward(group)
@@ -360,11 +371,12 @@ class Trainer:
         self.resume()
         p = self.p
         self.model.train()
-        timed_out = False
+        stopped = None
         try:
             while p.step < self.max_steps and p.epoch < self.max_epochs:
-                if self.out_of_time():
-                    timed_out = True
+                stopped = ("max_time" if self.out_of_time() else
+                           "patience" if self.out_of_patience() else None)
+                if stopped:
                     break
                 self.epoch()
         except (RuntimeError, torch.distributed.DistError) as err:
@@ -391,6 +403,6 @@ class Trainer:
             history=p.history,
             skipped_steps=p.skipped,
             resumed_from=self.resumed_from,
-            stopped_by=("max_time" if timed_out else "max_steps" if p.step >= self.max_steps
-                        else "max_epochs"),
+            stopped_by=stopped or ("max_steps" if p.step >= self.max_steps else "max_epochs"),
+            best_step=p.best_step,
         )

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from heads_lab.data.batching import Batch, Split, bucket, collate, epoch_batches
 from heads_lab.data.cleaning import keep_encoded, summary
 from heads_lab.data.corpus import load_or_build
@@ -18,7 +20,7 @@ from heads_lab.schemas import DataConfig, SyntheticDataConfig
 log = logging.getLogger(__name__)
 
 __all__ = ["Batch", "Corpus", "Split", "Tokenizer", "bucket", "collate", "epoch_batches",
-           "prepare"]
+           "prepare", "train_subset"]
 
 
 @dataclass
@@ -27,6 +29,24 @@ class Corpus:
     splits: dict[str, Split]
     stats: dict[str, Any] = field(default_factory=dict)  # pairs read / dropped / kept per split
     annotations: dict[str, list] = field(default_factory=dict)  # synthetic: Pair objects by split
+
+
+SUBSET_SEED = 20261126  # the training subsets' own permutation: the same for every run
+
+
+def train_subset(split: Split, fraction: float) -> tuple[Split, np.ndarray]:
+    """The fixed share `fraction` of `split`'s pairs (data.train_fraction): the first
+    round(fraction · n) (at least 1) of one permutation drawn with SUBSET_SEED, in corpus order,
+    so that every seed and model trains on the same sentences and a smaller share is a subset
+    of a larger one. Returns (the subset, its indices in `split`)."""
+    n = len(split)
+    k = max(1, int(round(fraction * n)))
+    chosen = np.sort(np.random.default_rng(SUBSET_SEED).permutation(n)[:k])
+    def pick(items):
+        return None if items is None else [items[i] for i in chosen]
+
+    return Split(pick(split.src_text), pick(split.tgt_text), pick(split.src),
+                 pick(split.tgt)), chosen
 
 
 def prepare(cfg: DataConfig, cache_root: Path) -> Corpus:

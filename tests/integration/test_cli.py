@@ -306,6 +306,56 @@ def test_a_time_budget_ends_the_run_with_a_checkpoint_and_results_that_say_so(tm
     assert (found.parent / "checkpoints" / "step_0000001.pt").is_file()
 
 
+def test_a_training_subset_is_fixed_nested_and_recorded(tmp_path):
+    import numpy as np
+
+    from heads_lab.data import Split, train_subset
+
+    split = Split(None, None, [[i + 4] for i in range(1000)], [[i + 4] for i in range(1000)])
+    tenth, third = train_subset(split, 0.1)[1], train_subset(split, 0.3)[1]
+    assert len(tenth) == 100 and len(third) == 300 and set(tenth) <= set(third)
+    np.testing.assert_array_equal(tenth, train_subset(split, 0.1)[1])  # the same every time
+    assert [list(s) for s in train_subset(split, 0.1)[0].src] == [[i + 4] for i in tenth]
+    runs = {}
+    for seed in (1, 2):
+        (tmp_path / str(seed)).mkdir()
+        proc = heads_lab("train", *TINY, "trainer.max_steps=2", "data.train_fraction=0.5",
+                         f"seed={seed}", cwd=tmp_path / str(seed))
+        assert proc.returncode == 0, proc.stderr + proc.stdout
+        (found,) = _results(tmp_path / str(seed) / "outputs")
+        runs[seed] = json.loads(found.read_text())["data"]["train"]
+    assert runs[1]["fraction"] == 0.5 and runs[1]["kept"] == round(0.5 * runs[1]["of"])
+    assert runs[1]["subset_sha256"] == runs[2]["subset_sha256"]  # the same sentences per seed
+    (tmp_path / "small").mkdir()
+    small = heads_lab("train", *TINY, "data.train_fraction=0.001", cwd=tmp_path / "small")
+    _assert_one_line_error(small, "data.train_fraction=0.001 leaves 1 training pairs",
+                           "less than one batch of trainer.max_tokens=1024")
+    assert not list((tmp_path / "small").rglob("results.json"))
+
+
+def test_the_best_validation_weights_are_evaluated_when_asked(tmp_path):
+    import torch
+
+    from heads_lab import checkpoint
+    from heads_lab.evaluate import perplexity
+    from heads_lab.runs import load
+
+    proc = heads_lab("train", *TINY, "eval.checkpoint=best", "trainer.valid_every=5", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    (found,) = _results(tmp_path / "outputs")
+    results = json.loads(found.read_text())
+    train = results["train"]
+    best = min(train["valid_history"], key=lambda h: h["valid/loss"])
+    assert train["evaluated"] == {"checkpoint": "best", "step": best["step"]}
+    assert train["best_step"] == best["step"]
+    t = load(found.parent, [])  # the newest checkpoint; then best.pt's weights
+    state = checkpoint.load(checkpoint.checkpoint_dir(found.parent) / "best.pt")
+    t.model.load_state_dict(state["model"])
+    with torch.no_grad():
+        ppl = perplexity(t.model, t.corpus.splits["test"], 1024, torch.device("cpu"))
+    assert results["metrics"]["test/ppl"] == pytest.approx(ppl["ppl"], rel=1e-6)
+
+
 def test_multi_query_trains_and_reports_costs(tmp_path):
     proc = heads_lab("train", *TINY, "model.kv_heads=1", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr + proc.stdout

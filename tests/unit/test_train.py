@@ -151,3 +151,20 @@ def test_a_time_budget_stops_after_the_update_that_spends_it_and_resumes_with_mo
     # no budget: max_steps decides, as before
     plain = train(_model(), split, split, TrainerConfig(**{**common, "max_steps": 3}), 0, CPU)
     assert (plain.steps, plain.stopped_by) == (3, "max_steps")
+
+
+def test_patience_stops_after_that_many_validations_without_a_new_best(monkeypatch):
+    from heads_lab import train as train_module
+
+    losses = iter([3.0, 2.0, 2.5, 2.1, 2.2, 1.0, 0.5])  # best at the 2nd validation, then worse
+
+    def fake_perplexity(*_, **__):
+        loss = next(losses)
+        return {"loss": loss, "ppl": math.exp(loss)}
+
+    monkeypatch.setattr(train_module, "perplexity", fake_perplexity)
+    cfg = TrainerConfig(max_steps=50, max_tokens=64, valid_every=2, log_every=100, patience=3)
+    result = train(_model(), _split(40), _split(40), cfg, 0, CPU)
+    # validations at steps 2, 4 (best), 6, 8, 10: three in a row without a new best → stop at 10
+    assert (result.steps, result.stopped_by, result.best_step) == (10, "patience", 4)
+    assert [h["step"] for h in result.history] == [2, 4, 6, 8, 10]
