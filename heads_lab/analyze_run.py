@@ -198,8 +198,9 @@ def tables(result: dict) -> list[tuple[str, Table] | str]:
                    "analysis.lrp=true")
     rho = result.get("lrp_vs_importance") or {}
     if rho:
-        out.append("LRP vs importance, Spearman's rank correlation over each site's heads: "
-                   + ", ".join(f"{site} {_num(v)}" for site, v in rho.items()))
+        out.append(f"LRP (on the first {result.get('lrp_sentences', 0):,} sentences, "
+                   "analysis.lrp_sentences) vs importance, Spearman's rank correlation over each "
+                   "site's heads: " + ", ".join(f"{site} {_num(v)}" for site, v in rho.items()))
     if not any(v is not None for rows in grid["importance"].values() for row in rows
                for v in row):
         out.append("importance: not measured (–): it is the loss's gradient, so it needs target "

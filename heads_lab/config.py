@@ -301,6 +301,8 @@ def _check_analysis_prune(a, pr) -> None:
     _check(a.max_sentences is None or a.max_sentences >= 1,
            f"analysis.max_sentences={a.max_sentences} must be >= 1 (or null for all)")
     _check(a.min_arcs >= 1, f"analysis.min_arcs={a.min_arcs} must be >= 1")
+    _check(a.lrp_sentences is None or a.lrp_sentences >= 1,
+           f"analysis.lrp_sentences={a.lrp_sentences} must be >= 1 (or null: every sentence)")
     _check(a.rare_top_k is None or a.rare_top_k >= 0, f"analysis.rare_top_k={a.rare_top_k} "
            "must be >= 0 (Voita et al.: 500; 0 or null: count every sentence)")
     _check(not (a.treebank and a.conllu), "analysis.treebank and analysis.conllu both set: "

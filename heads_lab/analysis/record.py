@@ -88,7 +88,9 @@ def analyze(model, corpus, cfg, device, max_tokens: int, form: str = "NFC"
     importance = (importance_by_kind(model, source.split, len(source.indices), max_tokens, device)
                   if source.has_target else {})
     # LRP (Voita) too: its seeds are the decoder's predictions, one backward pass per sentence
-    relevance = (head_relevance(model, source.split, len(source.indices), device)
+    lrp_n = len(source.indices) if cfg.lrp_sentences is None else min(cfg.lrp_sentences,
+                                                                       len(source.indices))
+    relevance = (head_relevance(model, source.split, lrp_n, device)
                  if source.has_target and cfg.lrp else {})
     train = corpus.splits["train"]
     freq = Counter(int(t) for i in range(len(train)) for t in train.src[i])
@@ -161,6 +163,7 @@ def analyze(model, corpus, cfg, device, max_tokens: int, form: str = "NFC"
         "heads": heads, "grids": grids, "grid_kinds": grid_kinds, "functions": functions,
         "distances": distances, "diversity": diversities, "head_map": coords,
         "within_layer": spread, "lrp_vs_importance": lrp_vs_importance,
+        "lrp_sentences": lrp_n if relevance else 0,
     }, sentences
 
 
