@@ -8,6 +8,7 @@ import os
 import platform
 import socket
 import subprocess
+import time
 import uuid
 from importlib import metadata
 from pathlib import Path
@@ -129,6 +130,7 @@ class Tracker:
         )
         self.progress.start()
         self.task = self.progress.add_task("train", total=total_steps, loss="-", tps="-")
+        self.total, self.started, self.first = total_steps, time.monotonic(), None
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if self.progress is not None and self.task is not None:
@@ -137,11 +139,29 @@ class Tracker:
                 fields = {"loss": f"{metrics['train/loss']:.3f}",
                           "tps": f"{metrics['train/tokens_per_s']:,.0f}"}
             self.progress.update(self.task, completed=step, **fields)
+        if "train/loss" in metrics and self.progress is not None:
+            log.info(self.progress_line(step, metrics))
         if "valid/ppl" in metrics:
             log.info("step %d  valid loss %.4f  ppl %.2f", step, metrics["valid/loss"],
                      metrics["valid/ppl"])
         if self.wandb is not None:
             self.wandb.log(metrics, step=step)
+
+    def progress_line(self, step: int, metrics: dict[str, float]) -> str:
+        """One line every trainer.log_every steps, for train.log and a non-interactive stdout
+        (a SLURM .out file, nohup, CI), as fairseq writes: step/max, loss, lr, tokens/s,
+        elapsed and ETA (from the pace since the first such line, so a resumed run's too)."""
+        now = time.monotonic()
+        if self.first is None:
+            self.first = (step, now)
+        done, spent = step - self.first[0], now - self.first[1]
+        total = self.total if self.total else None
+        eta = (_clock(spent / done * (total - step)) if total and done > 0 and step <= total
+               else "?")
+        return (f"step {step}/{total or '?'}  loss {metrics['train/loss']:.3f}  "
+                f"lr {metrics.get('train/lr', float('nan')):.2e}  "
+                f"{metrics.get('train/tokens_per_s', float('nan')):,.0f} tok/s  "
+                f"elapsed {_clock(now - self.started)}  ETA {eta}")
 
     def stop_progress(self) -> None:
         if self.progress is not None:
@@ -158,6 +178,12 @@ class Tracker:
             except Exception as err:  # a tracker must never fail a finished run
                 log.warning("wandb finish failed: %s", err)
             self.wandb = None
+
+
+def _clock(seconds: float) -> str:
+    """h:mm:ss."""
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
 def start_wandb(cfg: WandbConfig, run_dir: Path, name: str, config: dict, group: str | None,

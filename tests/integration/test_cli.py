@@ -356,6 +356,16 @@ def test_the_best_validation_weights_are_evaluated_when_asked(tmp_path):
     assert results["metrics"]["test/ppl"] == pytest.approx(ppl["ppl"], rel=1e-6)
 
 
+def test_a_run_logs_a_progress_line_every_log_every_steps(tiny_run_dir):
+    # not a terminal (a subprocess): train.log and stdout still show how far the run is
+    lines = [line for line in (tiny_run_dir / "train.log").read_text().splitlines()
+             if "  loss " in line and " tok/s " in line]
+    steps = [line.split("step ", 1)[1].split()[0] for line in lines]
+    assert steps == ["10/30", "20/30", "30/30"]
+    assert all("elapsed 0:" in line and "ETA " in line and "lr " in line for line in lines)
+    assert lines[0].endswith("ETA ?") and not lines[1].endswith("ETA ?")
+
+
 def test_multi_query_trains_and_reports_costs(tmp_path):
     proc = heads_lab("train", *TINY, "model.kv_heads=1", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr + proc.stdout
