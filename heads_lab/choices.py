@@ -21,6 +21,7 @@ class Choice(str, Enum):
 class Precision(Choice):
     fp32 = "fp32"
     bf16 = "bf16"  # autocast: bf16 matmuls, fp32 weights, optimizer and loss
+    auto = "auto"  # bf16 where it is native (CUDA with bf16, a CPU with AVX512-BF16 or AMX), else fp32
 
 
 class Resume(Choice):

@@ -23,12 +23,25 @@ def native_bf16() -> bool:
                for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
 
 
+def resolve_precision(device: torch.device, precision: str) -> str:
+    """trainer.precision as a run computes it: `auto` is bf16 where bf16 is native (a CUDA
+    device that supports it, a CPU with AVX512-BF16 or AMX) and fp32 elsewhere; fp32 and bf16
+    stay as they are."""
+    precision = str(getattr(precision, "value", precision))
+    if precision != "auto":
+        return precision
+    if device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    return "bf16" if device.type == "cpu" and native_bf16() else "fp32"
+
+
 def check_precision(device: torch.device, precision: str) -> None:
     """Refuse bf16 on a CPU without native bf16, in one line naming the fix."""
     if precision == "bf16" and device.type == "cpu" and not native_bf16():
         raise ConfigError("trainer.precision=bf16: this CPU has no native bf16 (AVX512-BF16 or "
                           "AMX), so bf16 matrix products are emulated, tens of times slower than "
-                          "fp32; add trainer.precision=fp32 (or run on a GPU or a CPU with bf16)")
+                          "fp32; add trainer.precision=fp32 (or auto: bf16 only where native), or "
+                          "run on a GPU or a CPU with bf16")
 
 
 def autocast(device: torch.device, precision: str):

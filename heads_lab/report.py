@@ -163,6 +163,8 @@ def collect(dirs: list[Path]) -> tuple[list[Run], list[tuple[str, str]]]:
             continue
         config = flatten(results["config"])
         config.update(written_before(config))  # e.g. an older talking-heads run's mix start
+        if str(config.get("trainer.precision")) == "auto":  # what the run computed in
+            config["trainer.precision"] = results.get("precision", "auto")
         runs.append(Run(run_dir, config, results["metrics"], results))
     if not runs:
         raise DataError(f"no finished runs (results.json) under {', '.join(map(str, dirs))}; "

@@ -22,7 +22,7 @@ from heads_lab.config import LoggerConfig, RunConfig, cache_dir
 from heads_lab.cost import Lengths, PeakMemory, account
 from heads_lab.data import collate, epoch_batches, prepare, testsets, train_subset
 from heads_lab.data.cleaning import describe
-from heads_lab.device import autocast, check_precision, resolve_device
+from heads_lab.device import autocast, check_precision, resolve_device, resolve_precision
 from heads_lab.errors import ConfigError, DataError, finished_run
 from heads_lab.evaluate import perplexity, score, translate
 from heads_lab.files import write_json, write_lines
@@ -55,7 +55,9 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
     ranks = data_parallel.from_env(run.trainer.dist_timeout_s)
     main_rank = ranks is None or ranks.is_main
     device = resolve_device(run.trainer.device)
-    check_precision(device, run.trainer.precision)
+    precision = resolve_precision(device, run.trainer.precision)  # auto: what this machine has
+    check_precision(device, precision)
+    run.trainer.precision = type(run.trainer.precision)(precision)
     if ranks is not None and device.type == "cuda":
         device = torch.device("cuda", ranks.local_rank)
     peak = PeakMemory(device)
@@ -111,6 +113,7 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
             "timings": {"data_s": data_s, "train_s": result.train_seconds, "eval_s": eval_s,
                         "total_s": time.perf_counter() - started},
             "data": corpus.stats, "device": str(device), "threads": torch.get_num_threads(),
+            "precision": str(run.trainer.precision),
             "config": config, "env": environment(), "wandb": tracker.wandb_info(),
         }
         write_json(run_dir / "results.json", results)

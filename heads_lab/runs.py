@@ -112,7 +112,7 @@ def load(run_dir: Path, overrides: list[str], average_last: int | None = 1) -> T
     from heads_lab import checkpoint
     from heads_lab.config import cache_dir, to_dict
     from heads_lab.data import prepare
-    from heads_lab.device import check_precision, resolve_device
+    from heads_lab.device import check_precision, resolve_device, resolve_precision
     from heads_lab.heads import install_gates
     from heads_lab.model import Transformer
 
@@ -132,7 +132,9 @@ def load(run_dir: Path, overrides: list[str], average_last: int | None = 1) -> T
     if run.trainer.threads:
         torch.set_num_threads(run.trainer.threads)
     device = resolve_device(run.trainer.device)
-    check_precision(device, run.trainer.precision)
+    precision = resolve_precision(device, run.trainer.precision)  # auto: what this machine has
+    check_precision(device, precision)
+    run.trainer.precision = type(run.trainer.precision)(precision)
     states, used, failed = [], [], []
     for _, path in files:  # newest first
         if len(states) == average_last:

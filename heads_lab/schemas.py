@@ -231,7 +231,8 @@ class TrainerConfig:
     valid_every: int = opt(100, "steps between validations (and at the end)")
     log_every: int = opt(50, "steps between train/* metrics")
     device: str = opt("auto", "auto | cpu | cuda | cuda:N")
-    precision: Precision = opt(Precision.fp32, "fp32 | bf16 (autocast: bf16 matmuls, fp32 weights "
+    precision: Precision = opt(Precision.fp32, "fp32 | bf16 | auto (bf16 where native, else fp32; "
+                               "the presets' default) (bf16 autocast: bf16 matmuls, fp32 weights "
                                "and loss; needs a GPU or a CPU with native bf16)")
     threads: int | None = opt(None, "CPU threads; None = all cores")
     save_checkpoint: bool = opt(True, "write checkpoints (run_dir/checkpoints/) at all")

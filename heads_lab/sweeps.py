@@ -262,7 +262,12 @@ def check_sweep(overrides: list[str]) -> None:
     varying = [i for i in range(len(jobs[0])) if len({job[i] for job in jobs}) > 1]
     for job in jobs:
         try:
-            validate(to_object(compose(job)))
+            run = to_object(compose(job))
+            validate(run)
+            if str(run.trainer.precision) == "bf16":  # stop once, not once per job
+                from heads_lab.device import check_precision, resolve_device
+
+                check_precision(resolve_device(run.trainer.device), "bf16")
         except (HeadsLabError, HydraException, OmegaConfBaseException) as err:
             label = ",".join(job[i] for i in varying) or " ".join(job)
             raise ConfigError(f"sweep job {label}: {one_line(err)} (no job was run)") from None

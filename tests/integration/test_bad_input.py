@@ -76,7 +76,7 @@ CASES = [
     ("corrupt-resume", "corrupt-resume", ["train"],
      ["holds no valid checkpoint", "step_0000004.pt", "delete that dir"]),
     ("precision", None, ["train", "trainer.precision=fp16"],
-     ["trainer.precision=fp16", "expected one of [fp32, bf16]"]),
+     ["trainer.precision=fp16", "expected one of [fp32, bf16, auto]"]),
     ("lr-zero", None, ["train", "trainer.lr=0"], ["trainer.lr=0", "> 0"]),
     ("save-every", None, ["train", "trainer.save_every=-1"], ["trainer.save_every=-1", ">= 0"]),
     ("resume-mode", None, ["train", "trainer.resume=maybe"],

@@ -366,6 +366,39 @@ def test_a_run_logs_a_progress_line_every_log_every_steps(tiny_run_dir):
     assert lines[0].endswith("ETA ?") and not lines[1].endswith("ETA ?")
 
 
+def test_a_preset_runs_on_any_cpu_without_naming_the_precision(tmp_path):
+    from heads_lab.device import native_bf16
+
+    # table_a's sweep (trainer.precision=auto), shrunk: two jobs, a tiny model, no real data
+    proc = heads_lab("train", "-m", "+experiment=table_a", *TINY, "data=synthetic",
+                     "trainer.max_steps=2", "seed=1", "model.heads=1,4", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    found = _results(tmp_path / "outputs")
+    assert len(found) == 2
+    for path in found:
+        results = json.loads(path.read_text())
+        assert results["config"]["trainer"]["precision"] == "auto"
+        assert results["precision"] == ("bf16" if native_bf16() else "fp32")
+    report = heads_lab("report", str(tmp_path / "outputs"), cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+
+
+
+def test_an_explicit_bf16_sweep_stops_once_before_its_first_job_without_native_bf16(monkeypatch):
+    import heads_lab.device as device
+    from heads_lab.errors import ConfigError
+    from heads_lab.sweeps import check_sweep
+
+    monkeypatch.setattr(device, "native_bf16", lambda: False)  # (this CPU may have it)
+    with pytest.raises(ConfigError) as err:
+        check_sweep(["-m", *TINY, "trainer.device=cpu", "trainer.precision=bf16",
+                     "model.heads=1,4"])
+    message = str(err.value)
+    assert message.startswith("sweep job model.heads=1: trainer.precision=bf16: this CPU has no "
+                              "native bf16") and message.endswith("(no job was run)")
+    check_sweep(["-m", *TINY, "trainer.device=cpu", "trainer.precision=auto", "model.heads=1,4"])
+
+
 def test_multi_query_trains_and_reports_costs(tmp_path):
     proc = heads_lab("train", *TINY, "model.kv_heads=1", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr + proc.stdout

@@ -59,7 +59,7 @@ def test_unknown_key_fails_when_composing(override):
 
 
 @pytest.mark.parametrize("override, choices", [
-    ("model.norm=middle", "[pre, post]"), ("trainer.precision=fp16", "[fp32, bf16]"),
+    ("model.norm=middle", "[pre, post]"), ("trainer.precision=fp16", "[fp32, bf16, auto]"),
     ("trainer.resume=maybe", "[auto, never]"), ("data.tokenizer=wordpiece", "[bpe, unigram]"),
     ("analysis.split=dev", "[train, valid, test]"), ("eval.split=train", "[valid, test]"),
     ("prune.method=random", "[importance, gates]"), ("prune.gate_eval=soft", "[voita, binary]"),

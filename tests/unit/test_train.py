@@ -109,6 +109,14 @@ def test_bf16_is_refused_on_a_cpu_without_native_bf16(monkeypatch):
     device.check_precision(gpu, "bf16")  # GPUs multiply bf16 natively
     monkeypatch.setattr(device, "native_bf16", lambda: True)
     device.check_precision(cpu, "bf16")
+    # auto: bf16 where native, fp32 elsewhere; explicit settings stay as they are
+    monkeypatch.setattr(device, "native_bf16", lambda: False)
+    assert device.resolve_precision(cpu, "auto") == "fp32"
+    assert device.resolve_precision(cpu, "bf16") == "bf16" and device.resolve_precision(cpu, "fp32") == "fp32"
+    monkeypatch.setattr(device, "native_bf16", lambda: True)
+    assert device.resolve_precision(cpu, "auto") == "bf16"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    assert device.resolve_precision(gpu, "auto") == "fp32"  # an old GPU without bf16
     # the probe itself answers from PyTorch's own CPU feature checks
     monkeypatch.undo()
     assert device.native_bf16() == (torch.cpu._is_avx512_bf16_supported()
