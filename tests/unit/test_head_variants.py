@@ -16,6 +16,16 @@ def _padding_mask(lengths: list[int], m: int) -> torch.Tensor:
     return (torch.arange(m)[None, :] < torch.tensor(lengths)[:, None])[:, None, None, :]  # True=keep
 
 
+def _inputs(case: str):
+    """Queries x [2, 5, D], a memory [2, 7, D] and the attention call's keyword arguments of a
+    case: padded self-attention, causal self-attention or cross-attention with padding."""
+    x = torch.randn(2, 5, D, dtype=torch.float64)
+    memory = torch.randn(2, 7, D, dtype=torch.float64)
+    kwargs = {"padded-self": dict(mask=_padding_mask([5, 2], 5)), "causal-self": dict(causal=True),
+              "cross": dict(memory=memory, mask=_padding_mask([7, 3], 7))}[case]
+    return x, memory, kwargs
+
+
 def _copy_projections(src, dst) -> None:
     with torch.no_grad():
         dst.in_proj.weight.copy_(src.in_proj.weight)
@@ -34,10 +44,7 @@ def test_talking_heads_with_identity_mixes_equal_multi_head(case, need_weights):
     with torch.no_grad():
         th.logits_mix.copy_(torch.eye(4))
         th.weights_mix.copy_(torch.eye(4))
-    x = torch.randn(2, 5, D, dtype=torch.float64)
-    memory = torch.randn(2, 7, D, dtype=torch.float64)
-    kwargs = {"padded-self": dict(mask=_padding_mask([5, 2], 5)), "causal-self": dict(causal=True),
-              "cross": dict(memory=memory, mask=_padding_mask([7, 3], 7))}[case]
+    x, memory, kwargs = _inputs(case)
     y_th, w_th = th(x, need_weights=need_weights, **kwargs)
     y_mha, w_mha = mha(x, need_weights=need_weights, **kwargs)
     torch.testing.assert_close(y_th, y_mha)
@@ -118,10 +125,7 @@ def test_a_layer_without_a_mix_is_the_layer_with_that_mix_the_identity(mixes, co
         (both.weights_mix if mixes == "logits" else both.logits_mix).copy_(torch.eye(h))
     assert (one.weights_mix if mixes == "logits" else one.logits_mix) is None
     assert sum(p.numel() for p in one.mix_parameters()) == kept.numel()
-    x = torch.randn(2, 5, D, dtype=torch.float64)
-    memory = torch.randn(2, 7, D, dtype=torch.float64)
-    kwargs = {"padded-self": dict(mask=_padding_mask([5, 2], 5)), "causal-self": dict(causal=True),
-              "cross": dict(memory=memory, mask=_padding_mask([7, 3], 7))}[case]
+    x, memory, kwargs = _inputs(case)
     y_one, w_one = one(x, need_weights=True, **kwargs)
     y_both, w_both = both(x, need_weights=True, **kwargs)
     torch.testing.assert_close(y_one, y_both)
