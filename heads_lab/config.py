@@ -202,15 +202,22 @@ RESUMABLE_CHANGES = (*BOOKKEEPING, "trainer.max_steps", "trainer.max_epochs", "t
 def written_before(flat: dict[str, Any]) -> dict[str, Any]:
     """Settings a flattened config lacks because it was written before they existed, with the
     value that stands for what its run did: {key: value}. A setting whose default kept the old
-    behaviour is not listed (its default is that value). model.mix_init (2026-11-25): before it,
+    behaviour is listed only where that value is not None (ADDED_WITH_DEFAULTS: a missing key
+    and None already compare equal). model.mix_init (2026-11-25): before it,
     every talking-heads mix started as the identity; the default now starts a rectangular mix
     (h_K ≠ h or h ≠ h_V) as N(0, 1/fan-in), so such a run's start was `identity`."""
+    before = {key: value for key, value in ADDED_WITH_DEFAULTS.items() if key not in flat}
     if "model.mix_init" in flat or flat.get("model.attention") not in ("talking_heads",
                                                                         AttentionKind.talking_heads):
-        return {}
+        return before
     h = flat.get("model.heads")
     counts = {flat.get("model.heads_k") or h, flat.get("model.heads_v") or h, h}
-    return {"model.mix_init": "identity"} if len(counts) > 1 else {}
+    return before | ({"model.mix_init": "identity"} if len(counts) > 1 else {})
+
+
+# settings added (2026-11-26) whose default is what every earlier run did, and is not None: a
+# config written before them stands for these values (so a report row and a resume match)
+ADDED_WITH_DEFAULTS = {"data.train_fraction": 1.0, "eval.checkpoint": "last"}
 
 
 def is_among(key: str, prefixes) -> bool:

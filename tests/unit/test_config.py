@@ -120,3 +120,14 @@ def test_every_experiment_preset_composes_and_validates(preset):
                             (["+depth=shallow"] if preset == "deep_vs_shallow" else [])))
     validate(run)
     assert run.name == preset or preset.startswith(run.name)
+
+
+def test_a_config_written_before_new_settings_stands_for_their_old_behaviour():
+    from heads_lab.config import written_before
+
+    old = {"model.attention": "mha", "model.heads": 8, "trainer.max_steps": 1000}
+    assert written_before(old) == {"data.train_fraction": 1.0, "eval.checkpoint": "last"}
+    new = {**old, "data.train_fraction": 0.1, "eval.checkpoint": "best"}
+    assert written_before(new) == {}  # present keys are never overridden
+    talking = {"model.attention": "talking_heads", "model.heads": 4, "model.heads_v": 8}
+    assert written_before(talking)["model.mix_init"] == "identity"
