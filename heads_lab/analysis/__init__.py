@@ -1,6 +1,6 @@
 """What each head does: the measurements of Voita et al. 2019 (confidence, positional,
-syntactic and rare-word heads), Michel et al. 2019 (importance) and Clark et al. 2019 (distance
-between heads), on teacher-forced attention maps.
+syntactic and rare-word heads, LRP relevance), Michel et al. 2019 (importance) and Clark et al.
+2019 (distance between heads, the head map), on teacher-forced attention maps.
 
 Conventions (every measure is over the first `analysis.max_sentences` sentences of the split,
 or of `analysis.treebank`):
@@ -38,6 +38,10 @@ or of `analysis.treebank`):
   of one kind (MHA: each head's output; talking heads: J's query/key heads, W's softmax heads,
   O's value heads), L the mean NLL per target token of the batch; normalised by the ℓ2 norm of
   its layer and kind.
+- Relevance (Voita's LRP, heads_lab.analysis.lrp): seeded with the top-1 logit at each target
+  position and propagated back through decoder and encoder; a head's relevance is what reaches
+  its output (the output projection's input), its |share| of its layer averaged over target
+  tokens; on the first analysis.lrp_sentences sentences.
 - Distance (Clark): the Jensen–Shannon divergence between every two heads of a site, across
   its layers, as Clark's code (natural log, each row smoothed to 0.999 p + 0.001 / keys), summed
   over a sentence's queries and divided by their number (heads-lab's change, so sentences of any
