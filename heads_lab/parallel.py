@@ -70,6 +70,16 @@ class Parallel:
         return box[0]
 
 
+def backend() -> str:
+    """gloo on CPU; with CUDA, NCCL for the GPU tensors (DDP's gradients) and gloo for the CPU
+    ones (the loss sums, stop flags and broadcast objects): NCCL alone takes CUDA tensors only.
+    The rank's GPU is made current first, as NCCL's collectives need."""
+    if not torch.cuda.is_available():
+        return "gloo"
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    return "cpu:gloo,cuda:nccl"
+
+
 def from_env(timeout_s: float = 1800) -> Parallel | None:
     """The data-parallel group torchrun describes (WORLD_SIZE > 1), initialised once; None for
     a single process. A collective that waits `timeout_s` for a peer (trainer.dist_timeout_s)
@@ -78,8 +88,7 @@ def from_env(timeout_s: float = 1800) -> Parallel | None:
     if world <= 1:
         return None
     if not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group(backend(), timeout=timedelta(seconds=timeout_s))
     return Parallel(rank=dist.get_rank(), world=dist.get_world_size(),
                     local_rank=int(os.environ.get("LOCAL_RANK", "0")))
 

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 CHUNK_BYTES = 16 << 20  # fp32 [chunk, vocab] tensors of at most this size (< 32 MB)
+GPU_CHUNK_BYTES = 256 << 20
 
 
 def label_smoothed_loss(logits: Tensor, target: Tensor, eps: float) -> tuple[Tensor, Tensor]:
@@ -38,7 +39,8 @@ def _grad_from_lprobs(lprobs: Tensor, target: Tensor, eps: float, a: Tensor | fl
     (a + b)·softmax - (a·(1 - ε) + b)·onehot(target) - a·ε/V."""
     vocab = lprobs.shape[-1]
     grad = lprobs.exp_().mul_(a + b).sub_(a * eps / vocab)
-    onehot = torch.as_tensor(a * (1.0 - eps) + b, dtype=grad.dtype).expand(target.shape[0], 1)
+    onehot = torch.as_tensor(a * (1.0 - eps) + b, dtype=grad.dtype, device=grad.device)
+    onehot = onehot.expand(target.shape[0], 1)
     return grad.scatter_add_(-1, target[:, None], -onehot)
 
 
@@ -70,8 +72,9 @@ def output_loss(hidden: Tensor, weight: Tensor, target: Tensor, eps: float,
     """label_smoothed_loss(hidden @ weight.T, target, eps), fused and chunked over tokens.
     hidden [tokens, d_model], weight [vocab, d_model]. Under autocast the matmuls run in the
     autocast dtype and the softmax in fp32, as in the unfused path. The NLL carries no gradient."""
-    if chunk is None:
-        chunk = max(16, CHUNK_BYTES // (4 * weight.shape[0]))
+    if chunk is None:  # on a GPU no page faults to avoid: larger chunks, fewer launches
+        budget = CHUNK_BYTES if weight.device.type == "cpu" else GPU_CHUNK_BYTES
+        chunk = max(16, budget // (4 * weight.shape[0]))
     return _OutputLoss.apply(hidden, weight, target, eps, chunk)
 
 
