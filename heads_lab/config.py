@@ -190,8 +190,8 @@ def describe_keys(obj: Any, prefix: str = "") -> list[str]:
 # (with RESUMABLE_CHANGES), and `heads-lab report` never groups runs by them (with the seed,
 # which it pools).
 BOOKKEEPING = ("paths", "logger", "name", "tags", "analysis", "report", "cost", "data.root",
-               "trainer.device", "trainer.threads", "trainer.valid_every", "trainer.log_every",
-               "trainer.save_every", "trainer.keep_last", "trainer.resume",
+               "trainer.device", "trainer.threads", "trainer.compile", "trainer.valid_every",
+               "trainer.log_every", "trainer.save_every", "trainer.keep_last", "trainer.resume",
                "trainer.save_checkpoint", "trainer.dist_timeout_s")
 # ... and what a resumed run may change besides: how long it trains, how it is evaluated after
 RESUMABLE_CHANGES = (*BOOKKEEPING, "trainer.max_steps", "trainer.max_epochs", "trainer.max_time",

@@ -15,6 +15,7 @@ import ctypes
 import gc
 import os
 import resource
+import time
 from dataclasses import dataclass
 
 from heads_lab.schemas import ModelConfig, Norm
@@ -162,3 +163,35 @@ class PeakMemory:
                     if line.startswith("VmHWM:"):
                         return int(line.split()[1]) / 1024  # kB
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+# the matmul ceiling's shapes: on CPU large ones and the bench model's own; on CUDA large ones
+CEILING_SHAPES = ((2048, 1024, 1024), (1024, 2048, 2048), (1280, 256, 1024), (1280, 1024, 256),
+                  (1280, 256, 768), (1280, 8000, 256), (256, 1280, 8000))
+CUDA_CEILING_SHAPES = ((8192, 8192, 8192), (4096, 4096, 4096), (16384, 4096, 4096))
+
+
+def matmul_ceiling(dtype, reps: int = 10, device=None) -> float:
+    """GFLOP/s of the best of several matmuls, large ones and the bench model's own shapes
+    (on this CPU the cache-sized ones run fastest): this machine's ceiling for `dtype`. On CUDA,
+    large products on random data (8192³ and the like; fp32 as PyTorch's default, without TF32),
+    timed between synchronizes."""
+    import torch  # lazily, as the rest of this module: `heads-lab info` starts without torch
+
+    from heads_lab.device import synchronize
+
+    device = device or torch.device("cpu")
+    best = 0.0
+    shapes = CUDA_CEILING_SHAPES if device.type == "cuda" else CEILING_SHAPES
+    for m, k, n in shapes:
+        a = torch.randn(m, k, dtype=dtype, device=device)
+        b = torch.randn(k, n, dtype=dtype, device=device)
+        for _ in range(3):
+            a @ b
+        synchronize(device)
+        started = time.perf_counter()
+        for _ in range(reps):
+            a @ b
+        synchronize(device)
+        best = max(best, 2 * m * k * n * reps / (time.perf_counter() - started) / 1e9)
+    return best

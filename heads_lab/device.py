@@ -48,3 +48,9 @@ def autocast(device: torch.device, precision: str):
     """bf16 autocast for `precision=bf16` (matmuls in bf16, weights, optimizer and loss in fp32),
     a no-op for fp32."""
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op on CPU), so a timer reads the work's time."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

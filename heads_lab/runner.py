@@ -19,7 +19,7 @@ import torch
 from heads_lab import parallel as data_parallel
 from heads_lab.checkpoint import Checkpoints
 from heads_lab.config import LoggerConfig, RunConfig, cache_dir
-from heads_lab.cost import Lengths, PeakMemory, account
+from heads_lab.cost import Lengths, PeakMemory, account, matmul_ceiling
 from heads_lab.data import collate, epoch_batches, prepare, testsets, train_subset
 from heads_lab.data.cleaning import describe
 from heads_lab.device import autocast, check_precision, resolve_device, resolve_precision
@@ -100,6 +100,10 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
         eval_s = time.perf_counter() - eval_started
 
         metrics = _metrics(split_name, result, ppl, scores, params, costs, peak.mb(), model)
+        if device.type == "cuda":  # MFU against this GPU's measured matmul ceiling (a second)
+            costs["ceiling_gflops"] = matmul_ceiling(
+                torch.bfloat16 if precision == "bf16" else torch.float32, device=device)
+            metrics["cost/mfu"] = metrics["cost/train_gflops_per_s"] / costs["ceiling_gflops"]
         results = {
             "status": "complete", "name": run_name, "overrides": overrides,
             "run_dir": str(run_dir), "metrics": metrics, "params": params, "cost": costs,

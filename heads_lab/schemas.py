@@ -235,6 +235,9 @@ class TrainerConfig:
                                "the presets' default) (bf16 autocast: bf16 matmuls, fp32 weights "
                                "and loss; needs a GPU or a CPU with native bf16)")
     threads: int | None = opt(None, "CPU threads; None = all cores")
+    compile: bool = opt(False,
+        "torch.compile the training forward (decoding stays eager): 1.30x eager on an H200, "
+        "0.86x on this project's CPU (README, On a GPU)")
     save_checkpoint: bool = opt(True, "write checkpoints (run_dir/checkpoints/) at all")
     save_every: int = opt(500,
         "steps between checkpoints; also saved at the end, at each new best validation and on "

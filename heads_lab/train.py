@@ -183,6 +183,8 @@ class Trainer:
         self.checkpoints, self.stop_requested = checkpoints, stop_requested
         self.parallel, self.extra = parallel, extra
         self.net = parallel.wrap(model) if parallel else model  # DistributedDataParallel on ranks
+        if cfg.compile:  # the training forward only: checkpoints, validation, decoding use `model`
+            self.net = torch.compile(self.net, dynamic=True)
         self.opt = adam(model, cfg.lr, tuple(cfg.adam_betas), cfg.adam_eps, cfg.weight_decay,
                         cfg.position_bias_lr, extra)
         factor = inverse_sqrt(cfg.warmup_steps)  # LambdaLR counts from 0 before the 1st update

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from heads_lab.errors import ConfigError
 
-USAGE = "heads-lab bench [--quick] [--depth] [--steps N] [--json FILE] [--png FILE] [model.KEY=VALUE ...]"
+USAGE = ("heads-lab bench [--quick] [--depth] [--steps N] [--device D] [--precision P] [--batch B] "
+         "[--length L] [--compile] [--json FILE] [--png FILE] [model.KEY=VALUE ...]")
 
 
 def main(args: list[str]) -> int:
@@ -19,6 +20,14 @@ def main(args: list[str]) -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="fewer variants, no peak memory")
     parser.add_argument("--depth", action="store_true", help="Liu et al. shallow vs deep curves")
+    parser.add_argument("--device", default="auto", help="auto (a GPU if there is one), cpu, cuda, cuda:N")
+    parser.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16"),
+                        help="the table's main precision: auto is fp32 on CPU (with bf16 rows "
+                        "beside), bf16 on a GPU (with an fp32 row beside)")
+    parser.add_argument("--batch", type=int, default=64, help="pairs per step (64; larger on a GPU)")
+    parser.add_argument("--length", type=int, default=20, help="tokens per sentence")
+    parser.add_argument("--compile", action="store_true",
+                        help="add mha h=8 with its training forward compiled (trainer.compile)")
     parser.add_argument("--json", default="bench.json", help="where to write the numbers")
     parser.add_argument("--png", default="bench_depth.png", help="--depth: the plot")
     opts = parser.parse_args(args)
@@ -37,13 +46,35 @@ def main(args: list[str]) -> int:
     else:
         from heads_lab.bench import suite
 
+        work, precision = _workload(opts)
         result = suite.run(model, steps=opts.steps, warmup=opts.warmup, quick=opts.quick,
-                           peak=not opts.quick, log=console.print)
+                           peak=not opts.quick, log=console.print, work=work, precision=precision,
+                           compile=opts.compile)
         console.print(_table(result))
         console.print(_targets(result))
     write_json(Path(opts.json), result)
     console.print(f"numbers: {opts.json}")
     return 0
+
+
+def _workload(opts):
+    """The batch on its device, and the table's precision, from the command line."""
+    import torch
+
+    from heads_lab.bench.measure import Workload
+    from heads_lab.device import check_precision, resolve_device
+
+    if opts.device != "auto" and opts.device != "cpu" and not opts.device.startswith("cuda"):
+        raise ConfigError(f"--device {opts.device} is not a device: use auto, cpu, cuda or cuda:N")
+    device = resolve_device(opts.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"--device {opts.device}: no CUDA device here; use --device cpu")
+    precision = opts.precision if opts.precision != "auto" else (
+        "bf16" if device.type == "cuda" else "fp32")
+    check_precision(device, precision)
+    if min(opts.batch, opts.length) < 2:
+        raise ConfigError("--batch and --length must be at least 2")
+    return Workload(opts.batch, opts.length, device=str(device)), precision
 
 
 def _model(overrides: list[str]):
@@ -76,10 +107,12 @@ def _table(result: dict):
 
     rows = {r["name"]: r for r in result["rows"]}
     ref = rows["torch.nn.Transformer h=8"]["tokens_per_s"]
-    mha8 = rows["mha h=8"]["tokens_per_s"]
+    mha8 = rows["mha h=8"]["tokens_per_s"]  # the table's main precision
     w = result["workload"]
+    where = (result.get("device", "cpu") if result.get("device", "cpu") != "cpu"
+             else f"{result['threads']} threads")
     table = Table(title=f"heads-lab bench: {w['batch']} pairs × {w['length']} tokens, vocab "
-                  f"{w['vocab']}, {result['threads']} threads; median of {result['steps']} steps "
+                  f"{w['vocab']}, {where}; median of {result['steps']} steps "
                   f"after {result['warmup']}; ceilings fp32 {result['ceilings']['fp32']:.0f} / bf16 "
                   f"{result['ceilings']['bf16']:.0f} GFLOP/s", title_justify="left")
     for col in ("variant", "tok/s", "× torch", "× mha8", "GFLOP/s", "MFU", "peak MB",

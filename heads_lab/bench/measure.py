@@ -1,6 +1,7 @@
 """Measurements: training throughput of variants taking turns step by step (so drift on a shared
 machine hits all alike, median after warm-up), decoding throughput, the matmul ceiling of this
-machine, and a variant's peak memory in a process of its own. Benchmarks, not tests."""
+machine, and a variant's peak memory in a process of its own. Benchmarks, not tests. On CPU or
+a CUDA device (`Workload.device`); on CUDA every timing ends with a synchronize."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import torch
 from heads_lab.cost import Lengths, account
 from heads_lab.data.tokenizer import EOS
 from heads_lab.decode import beam_search, greedy
-from heads_lab.device import autocast
+from heads_lab.device import autocast, synchronize
 from heads_lab.model import Transformer
 from heads_lab.schemas import ModelConfig
 from heads_lab.train import adam
@@ -29,39 +30,48 @@ class Variant:
     model: ModelConfig
     precision: str = "fp32"
     baseline: bool = False  # torch.nn.Transformer at the same dims
+    compile: bool = False  # the training forward through torch.compile, as trainer.compile=true
     times: list[float] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)  # per token, every step in order
 
-    def build(self, vocab: int) -> torch.nn.Module:
+    def build(self, vocab: int, device: torch.device = CPU) -> torch.nn.Module:
         if self.baseline:
             from heads_lab.bench.baseline import TorchTransformer
 
-            return TorchTransformer(self.model, vocab)
-        return Transformer(self.model, vocab)
+            return TorchTransformer(self.model, vocab).to(device)
+        return Transformer(self.model, vocab).to(device)
 
 
 @dataclass
 class Workload:
     """A fixed batch of `batch` pairs of `length` tokens, no padding (the speed issue's small
-    config: 64 pairs of 20 tokens, vocab 8000)."""
+    config: 64 pairs of 20 tokens, vocab 8000), on `device` (a name: "cpu", "cuda", "cuda:1")."""
 
     batch: int = 64
     length: int = 20
     vocab: int = 8000
+    device: str = "cpu"
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device(self.device)
 
     def tensors(self, seed: int = 0):
-        g = torch.Generator().manual_seed(seed)
+        g = torch.Generator().manual_seed(seed)  # drawn on CPU, so every device gets the same batch
         src = torch.randint(4, self.vocab, (self.batch, self.length), generator=g)
         src[:, -1] = EOS
         tgt_in = torch.randint(4, self.vocab, (self.batch, self.length), generator=g)
         tgt_out = torch.randint(4, self.vocab, (self.batch * self.length,), generator=g)
-        return src, tgt_in, tgt_out
+        return tuple(t.to(self.torch_device) for t in (src, tgt_in, tgt_out))
 
 
-def train_step(model, opt, precision: str, src, tgt_in, tgt_out) -> float:
-    """One Adam step on the batch; returns the label-smoothed loss per target token."""
-    with autocast(CPU, precision):
-        hidden = model.decode(tgt_in, model.encode(src))
+def train_step(model, opt, precision: str, src, tgt_in, tgt_out, net=None) -> float:
+    """One Adam step on the batch; returns the label-smoothed loss per target token (reading
+    it back waits for the device, so a step's time is the step's). `net`: the model's compiled
+    forward (trainer.compile), else the model's own encode/decode."""
+    with autocast(src.device, precision):
+        hidden = (net(src, tgt_in, hidden_only=True) if net is not None
+                  else model.decode(tgt_in, model.encode(src)))
         loss, _ = model.loss(hidden.reshape(-1, hidden.shape[-1]), tgt_out, 0.1)
     loss.backward()
     opt.step()
@@ -87,20 +97,21 @@ def train_throughput(variants: list[Variant], work: Workload, steps: int = 10, w
     runs = []
     for v in variants:
         torch.manual_seed(seed)
-        model = v.build(work.vocab).train()
-        runs.append((v, model, _optimizer(model, v.baseline)))
+        model = v.build(work.vocab, work.torch_device).train()
+        net = torch.compile(model, dynamic=True) if v.compile else None
+        runs.append((v, model, _optimizer(model, v.baseline), net))
     for i in range(warmup + steps):
-        for v, model, opt in runs:
+        for v, model, opt, net in runs:
             for _ in range(per_turn):
                 started = time.perf_counter()
-                loss = train_step(model, opt, v.precision, src, tgt_in, tgt_out)
+                loss = train_step(model, opt, v.precision, src, tgt_in, tgt_out, net)
                 elapsed = time.perf_counter() - started
                 v.losses.append(loss)
             if i >= warmup:
                 v.times.append(elapsed)
     tokens = work.batch * work.length
     results = []
-    for v, _, _ in runs:
+    for v, *_ in runs:
         step_s = statistics.median(v.times)
         flops = account(v.model, work.vocab, Lengths(work.length, work.length))["flops_per_token"]
         results.append({"name": v.name, "precision": v.precision, "step_s": step_s,
@@ -116,38 +127,20 @@ def decode_throughput(v: Variant, work: Workload, beam: int, use_cache: bool, re
     """Sentences/s decoding `work.batch` sources into exactly `work.length` tokens each (EOS held
     back, so an untrained model costs what a trained one would); median of `reps`."""
     torch.manual_seed(seed)
-    model = v.build(work.vocab).eval()
+    model = v.build(work.vocab, work.torch_device).eval()
     src, _, _ = work.tensors(seed)
     times, out = [], []
     for _ in range(reps + 1):  # the first run warms up
         started = time.perf_counter()
-        with autocast(CPU, v.precision):
+        with autocast(src.device, v.precision):
             if beam == 1:
                 out = greedy(model, src, work.length + 1, use_cache, min_len=work.length)
             else:
                 out = beam_search(model, src, beam, 0.6, work.length + 1, use_cache,
                                   min_len=work.length)
+        synchronize(src.device)
         times.append(time.perf_counter() - started)
     return work.batch / statistics.median(times[1:]), out
-
-
-CEILING_SHAPES = ((2048, 1024, 1024), (1024, 2048, 2048), (1280, 256, 1024), (1280, 1024, 256),
-                  (1280, 256, 768), (1280, 8000, 256), (256, 1280, 8000))
-
-
-def matmul_ceiling(dtype: torch.dtype, reps: int = 10) -> float:
-    """GFLOP/s of the best of several matmuls, large ones and the bench model's own shapes
-    (on this CPU the cache-sized ones run fastest): this machine's ceiling for `dtype`."""
-    best = 0.0
-    for m, k, n in CEILING_SHAPES:
-        a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
-        for _ in range(2):
-            a @ b
-        started = time.perf_counter()
-        for _ in range(reps):
-            a @ b
-        best = max(best, 2 * m * k * n * reps / (time.perf_counter() - started) / 1e9)
-    return best
 
 
 def _peak_child(variant: dict, work: dict, out) -> None:
@@ -157,16 +150,20 @@ def _peak_child(variant: dict, work: dict, out) -> None:
     v = Variant(variant["name"], model, variant["precision"], variant["baseline"])
     w = Workload(**work)
     torch.manual_seed(0)
-    model = v.build(w.vocab).train()
+    model = v.build(w.vocab, w.torch_device).train()
     opt = _optimizer(model, v.baseline)
     for _ in range(3):
         train_step(model, opt, v.precision, *w.tensors())
+    if w.torch_device.type == "cuda":
+        out.put(torch.cuda.max_memory_allocated(w.torch_device) / 2**20)
+        return
     with open("/proc/self/status") as f:
         out.put(next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM:")))
 
 
 def peak_memory_mb(v: Variant, work: Workload) -> float:
-    """Peak resident memory of a fresh process training this variant for 3 steps (Linux)."""
+    """Peak memory of a fresh process training this variant for 3 steps: resident (Linux) on
+    CPU, CUDA allocations on a GPU."""
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     spec = json.loads(json.dumps({"name": v.name, "model": asdict(v.model), "precision": v.precision,

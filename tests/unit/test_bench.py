@@ -47,9 +47,9 @@ def test_deep_single_head_twin_has_the_same_heads_parameters_and_flops():
 def test_bench_command_runs_and_writes_its_targets(tmp_path, monkeypatch):
     from heads_lab.bench import main
 
-    monkeypatch.setattr("heads_lab.bench.suite.matmul_ceiling", lambda dtype: 100.0)
+    monkeypatch.setattr("heads_lab.bench.suite.matmul_ceiling", lambda dtype, device: 100.0)
     out = tmp_path / "bench.json"
-    assert main(["--quick", "--steps", "1", "--warmup", "0", "--json", str(out),
+    assert main(["--quick", "--steps", "1", "--warmup", "0", "--json", str(out), "--device", "cpu",
                  "model.d_model=32", "model.d_ff=64", "model.encoder_layers=1",
                  "model.decoder_layers=1"]) == 0
     result = json.loads(out.read_text())
@@ -68,3 +68,36 @@ def test_bench_rejects_other_overrides():
         main(["trainer.lr=1"])
     with pytest.raises(ConfigError, match="model.heads=3 does not divide"):
         main(["model.heads=3"])
+
+
+def test_bench_in_bf16_runs_every_row_in_bf16_beside_one_fp32_row(tmp_path, monkeypatch):
+    """The GPU's table (--precision bf16): torch.nn.Transformer in bf16 too, multi-head h=8 in
+    fp32 for the loss-curve check, and the GPU targets' wording. Run here on CPU with bf16
+    allowed (tiny dims, so emulated bf16 costs nothing)."""
+    from heads_lab.bench import main
+
+    monkeypatch.setattr("heads_lab.bench.suite.matmul_ceiling", lambda dtype, device: 100.0)
+    monkeypatch.setattr("heads_lab.device.native_bf16", lambda: True)
+    out = tmp_path / "bench.json"
+    assert main(["--quick", "--steps", "1", "--warmup", "0", "--json", str(out), "--device", "cpu",
+                 "--precision", "bf16", "--batch", "3", "--length", "5", "model.d_model=32",
+                 "model.d_ff=64", "model.encoder_layers=1", "model.decoder_layers=1"]) == 0
+    result = json.loads(out.read_text())
+    rows = {r["name"]: r for r in result["rows"]}
+    assert rows["torch.nn.Transformer h=8"]["precision"] == "bf16"
+    assert rows["mha h=8"]["precision"] == "bf16" and rows["mha h=8 fp32"]["precision"] == "fp32"
+    assert "mha h=8 bf16" not in rows
+    assert result["workload"] == {"batch": 3, "length": 5, "vocab": 8000, "device": "cpu"}
+    assert result["targets"][0][0] == "bf16 h=8 ≥ 1.3× torch.nn.Transformer"
+    assert result["precision"] == "bf16" and result["device"] == "cpu"
+
+
+def test_bench_refuses_a_device_it_cannot_use():
+    from heads_lab.bench import main
+    from heads_lab.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="is not a device"):
+        main(["--device", "tpu"])
+    if not __import__("torch").cuda.is_available():
+        with pytest.raises(ConfigError, match="no CUDA device here; use --device cpu"):
+            main(["--device", "cuda"])

@@ -97,6 +97,28 @@ def test_bf16_training_follows_the_fp32_loss_curve():
     assert all(p.dtype == torch.float32 for p in _model().parameters())  # fp32 master weights
 
 
+def test_compiled_training_follows_eager_training_and_keeps_the_checkpoint_keys():
+    """trainer.compile=true runs the training forward through torch.compile (really: dynamo
+    traces a graph) and trains the same model as eager, within float rounding; the model's own
+    parameter names, which checkpoints hold, are unchanged."""
+    from torch._dynamo.utils import counters
+
+    split = _split(120)
+    cfg = dict(max_steps=12, max_tokens=256, lr=3e-3, warmup_steps=4, valid_every=6, log_every=6)
+    eager = train(_model(), split, split, TrainerConfig(**cfg), seed=3, device=CPU)
+    torch._dynamo.reset()
+    counters.clear()
+    model = _model()
+    keys = list(model.state_dict())
+    compiled = train(model, split, split, TrainerConfig(compile=True, **cfg), seed=3, device=CPU)
+    assert counters["stats"]["unique_graphs"] >= 1
+    assert list(model.state_dict()) == keys
+    assert [h["step"] for h in compiled.history] == [h["step"] for h in eager.history]
+    for a, b in zip(eager.history, compiled.history):
+        assert b["valid/loss"] == pytest.approx(a["valid/loss"], rel=1e-4)
+    assert compiled.train_loss == pytest.approx(eager.train_loss, rel=1e-4)
+
+
 def test_bf16_is_refused_on_a_cpu_without_native_bf16(monkeypatch):
     import heads_lab.device as device
     from heads_lab.errors import ConfigError
