@@ -1,0 +1,350 @@
+#!/usr/bin/env python3
+"""heads-lab's GPU check: one call that checks every CUDA path, measures GPU speed and runs a
+whole study (Vaswani et al. Table 3 (A), 15 runs), in ≤ 10 minutes, on a machine that has
+PyTorch and a GPU but maybe no network and none of heads-lab's other dependencies.
+
+Two steps, from the repository root:
+
+  python scripts/gpu_check.py prepare        # on a machine with pip and ../shared/data (or
+                                             # $HEADS_LAB_DATA): wheels into .whl/, Multi30k
+                                             # into .gpu_data/ (~4 MB), both git-ignored
+  python scripts/gpu_check.py run --out DIR  # on the GPU machine (carry .whl and .gpu_data)
+
+`run` installs the wheels into a private folder (--site; never torch, never the machine's own
+packages: pip --no-deps --target) only where heads-lab's dependencies are missing, then runs its
+parts in order, each with its share of the time left, and cuts (saying so) a part that would
+overrun: the CUDA tests (`pytest -m cuda tests/cuda`), `heads-lab bench` at d_model 512, 6+6
+layers in bf16 against torch.nn.Transformer (with a torch.compile row), and the table_a preset
+(h = 1, 4, 8, 16, 32 × seeds 1-3) as several jobs at once on the one GPU, with its report.
+Everything lands in --out: summary.md (the parts, their times and outcomes), gpu_check.json,
+cuda_tests.xml, bench.json, table_a/ (runs, report.md/.csv/.png), logs/.
+
+`run --cpu` is the dry run that keeps this script from rotting between GPU windows (`make test`
+runs it): the same parts on CPU, the CUDA tests skipping with their reason, a tiny bench and a
+tiny two-run study on the embedded synthetic corpus. A user with a GPU runs the same two steps
+(or just `run` when heads-lab is installed): README, "On a GPU".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WHEELS = ROOT / ".whl"
+DATA = ROOT / ".gpu_data"
+# what a PyTorch image may lack; pure-Python wheels (antlr4's 4.9.3 is an sdist on PyPI: built here)
+NEEDED = ["hydra-core==1.3.8", "omegaconf==2.3.1", "antlr4-python3-runtime==4.9.3",
+          "hydra-joblib-launcher==1.2.0"]
+# the modules heads-lab imports at start-up and in the parts below, with the wheel that brings each
+# when the image lacks it (the CUDA image has the rest: numpy, rich, sacrebleu, sentencepiece,
+# matplotlib, scikit-learn, joblib, pytest, pyyaml)
+MODULES = {"hydra": "hydra-core", "omegaconf": "omegaconf", "antlr4": "antlr4-python3-runtime",
+           "hydra_plugins.hydra_joblib_launcher": "hydra-joblib-launcher", "numpy": None,
+           "rich": None, "sacrebleu": None, "sentencepiece": None, "matplotlib": None,
+           "sklearn": None, "joblib": None, "pytest": None, "yaml": None}
+MULTI30K = ("train.", "val.", "test_2016_flickr.")  # de and en: the study's pair
+
+# Each part: (name, share of the budget it may take at most unless it is the last, the seconds
+# it needs to start at all).
+# Measured on an H200 (2026-11-26): tests 49 s, bench ~180 s (decoding and the compile row are
+# most of it), table_a 168 s for its 15 runs at once.
+GPU_PARTS = (("tests", 0.2, 30), ("bench", 0.4, 60), ("table_a", 0.6, 120))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpu_check.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    prep = sub.add_parser("prepare", help="wheels into .whl/ and Multi30k into .gpu_data/ (needs pip)")
+    prep.add_argument("--data", default=os.environ.get("HEADS_LAB_DATA", str(ROOT.parent / "shared/data")),
+                      help="where multi30k/ is (default: $HEADS_LAB_DATA or ../shared/data)")
+    run = sub.add_parser("run", help="the check itself, writing everything into --out")
+    run.add_argument("--out", required=True, help="output folder (created; must be empty or new)")
+    run.add_argument("--cpu", action="store_true", help="dry run on CPU: tiny bench and study")
+    run.add_argument("--budget", type=float, default=540.0,
+                     help="seconds for the whole run (default 540: 9 min, inside a 10-min window)")
+    run.add_argument("--site", default="/tmp/heads-lab-site", help="where missing wheels go")
+    run.add_argument("--jobs", type=int, default=8, help="table_a jobs at once on the GPU")
+    run.add_argument("--parts", default="tests,bench,table_a", help="which parts, in order")
+    opts = parser.parse_args(argv)
+    if opts.command == "prepare":
+        return prepare(Path(opts.data))
+    return Check(opts).run()
+
+
+# --------------------------------------------------------------------------- prepare (with pip)
+
+def prepare(data: Path) -> int:
+    """Download the wheels an image without network lacks, and copy Multi30k beside the repo."""
+    WHEELS.mkdir(exist_ok=True)
+    pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(WHEELS)]
+    for spec in NEEDED:
+        name = spec.split("==")[0].replace("-", "_")
+        if not any(WHEELS.glob(f"{name}-*.whl")):
+            print(f"wheel: {spec}", flush=True)
+            subprocess.run([*pip, spec], check=True)
+    if any(w.name.startswith("torch-") for w in WHEELS.iterdir()):
+        sys.exit("gpu_check: .whl/ holds a torch wheel; remove it: the GPU machine's torch stays")
+    src = data / "multi30k"
+    if not src.is_dir():
+        sys.exit(f"gpu_check: no Multi30k at {src}; pass --data DIR (the folder holding multi30k/)")
+    dst = DATA / "multi30k"
+    dst.mkdir(parents=True, exist_ok=True)
+    copied = 0
+    for f in sorted(src.iterdir()):
+        if f.is_file() and f.name.startswith(MULTI30K) and f.name.split(".")[1] in ("de", "en"):
+            (dst / f.name).unlink(missing_ok=True)
+            shutil.copyfile(f, dst / f.name)
+            copied += f.stat().st_size
+    print(f"prepared: {len(list(WHEELS.glob('*.whl')))} wheels in {WHEELS}, "
+          f"{copied / 2**20:.1f} MB of Multi30k in {dst}")
+    print("on the GPU machine (carry .whl and .gpu_data): python scripts/gpu_check.py run --out DIR")
+    return 0
+
+
+# --------------------------------------------------------------------------- run (on the GPU)
+
+class Check:
+    def __init__(self, opts):
+        self.opts, self.started = opts, time.monotonic()
+        self.out = Path(opts.out).resolve()
+        if self.out.exists() and any(self.out.iterdir()):
+            sys.exit(f"gpu_check: {self.out} is not empty; give a new or empty --out folder")
+        (self.out / "logs").mkdir(parents=True, exist_ok=True)
+        self.env = dict(os.environ, PYTHONUNBUFFERED="1", WANDB_MODE="offline",
+                        HEADS_LAB_CACHE=str(self.out / "cache"))
+        self.env.pop("HEADS_LAB_CUDA_TESTS_ON", None)  # the CUDA tests run on CUDA or skip
+        self.parts: list[dict] = []
+        self.facts: dict = {}
+
+    def left(self) -> float:
+        return self.opts.budget - (time.monotonic() - self.started)
+
+    def run(self) -> int:
+        self.say(f"gpu_check: {'CPU dry run' if self.opts.cpu else 'GPU'}, budget "
+                 f"{self.opts.budget:.0f} s, output {self.out}")
+        self.part("install", self.install, 60)
+        if self.parts[-1]["status"] != "ok":
+            return self.finish()
+        self.part("environment", self.environment, 60)
+        wanted = self.opts.parts.split(",")
+        parts = [p for p in GPU_PARTS if p[0] in wanted]
+        for i, (name, share, need) in enumerate(parts):
+            later = sum(n for _, _, n in parts[i + 1:])  # what the parts after it need to start
+            allowed = self.left() - later  # the last part gets what is left, the others a share
+            if i < len(parts) - 1:
+                allowed = min(allowed, share * self.opts.budget)
+            if self.opts.cpu:  # the dry run never cuts: a CI machine may be slow
+                allowed = max(allowed, 600.0)
+            if allowed < need and not self.opts.cpu:
+                self.parts.append({"part": name, "status": "cut", "seconds": 0.0,
+                                   "detail": f"{self.left():.0f} s left, it needs {need} s"})
+                self.say(f"[{name}] cut: {self.left():.0f} s left, it needs {need} s")
+                continue
+            self.part(name, getattr(self, name.replace("-", "_")), allowed)
+        return self.finish()
+
+    # ---- plumbing
+
+    def say(self, text: str) -> None:
+        print(text, flush=True)
+        with open(self.out / "logs" / "gpu_check.log", "a", encoding="utf-8") as f:
+            f.write(text + "\n")
+
+    def part(self, name: str, fn, allowed: float) -> None:
+        self.say(f"[{name}] start ({allowed:.0f} s allowed, {self.left():.0f} s left)")
+        t0 = time.monotonic()
+        try:
+            status, detail = fn(allowed)
+        except subprocess.TimeoutExpired:
+            status, detail = "cut", f"stopped at its {allowed:.0f} s share (it would overrun)"
+        except Exception as err:  # a broken part is recorded; the next parts still run
+            status, detail = "failed", f"{type(err).__name__}: {err}"
+        seconds = time.monotonic() - t0
+        self.parts.append({"part": name, "status": status, "seconds": round(seconds, 1),
+                           "detail": detail})
+        self.say(f"[{name}] {status} in {seconds:.0f} s: {detail}")
+
+    def sh(self, name: str, cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
+        """A command with its output in logs/<name>.log (and the last lines echoed)."""
+        log = self.out / "logs" / f"{name}.log"
+        with open(log, "w", encoding="utf-8") as f:
+            f.write("$ " + " ".join(cmd) + "\n")
+            f.flush()
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=f, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            try:
+                proc.wait(timeout=max(1.0, timeout))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+                raise
+        tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-6:]
+        for line in tail:
+            self.say(f"    {line[:200]}")
+        return subprocess.CompletedProcess(cmd, proc.returncode)
+
+    def heads_lab(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "heads_lab", *args]
+
+    # ---- parts
+
+    def install(self, allowed: float):
+        """Install the wheels the image lacks into --site (never torch); heads-lab itself runs
+        from this checkout (PYTHONPATH), so it is always the code that travelled."""
+        import importlib.util
+
+        missing = [m for m in MODULES if importlib.util.find_spec(m.split(".")[0]) is None
+                   or (m.startswith("hydra_plugins") and not _has_plugin(m))]
+        paths = [str(ROOT)]
+        if missing:
+            wheels = sorted(WHEELS.glob("*.whl"))
+            if not wheels:
+                return "failed", (f"missing {', '.join(missing)} and no wheels in {WHEELS}: run "
+                                  "`python scripts/gpu_check.py prepare` where pip works, carry .whl")
+            if any(w.name.startswith("torch-") for w in wheels):
+                return "failed", f"{WHEELS} holds a torch wheel: the machine's torch must stay"
+            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                            "--no-compile", "--no-cache-dir", "--upgrade", "--target",
+                            self.opts.site, *map(str, wheels)], check=True, timeout=allowed)
+            paths.append(self.opts.site)
+        self.env["PYTHONPATH"] = os.pathsep.join(paths + [self.env.get("PYTHONPATH", "")]).rstrip(
+            os.pathsep)
+        if self.opts.cpu:  # the dry run's study is synthetic; no Multi30k tokenizer to train
+            self.env.pop("HEADS_LAB_DATA", None)
+        elif DATA.is_dir() and "HEADS_LAB_DATA" not in os.environ:
+            self.env["HEADS_LAB_DATA"] = str(DATA)
+        check = subprocess.run([sys.executable, "-c", "import heads_lab.cli, hydra, torch; "
+                                "print(torch.__version__, heads_lab.__file__)"],
+                               env=self.env, capture_output=True, text=True, timeout=allowed)
+        if check.returncode:
+            return "failed", "import: " + (check.stderr.strip().splitlines() or ["?"])[-1]
+        return "ok", (f"installed {len(missing)} missing module(s) from wheels: {', '.join(missing)}"
+                      if missing else "every dependency already there") + f"; torch {check.stdout.split()[0]}"
+
+    def environment(self, allowed: float):
+        code = ("import json, platform, torch; d = torch.cuda.is_available(); print(json.dumps({"
+                "'python': platform.python_version(), 'torch': torch.__version__, "
+                "'cuda': torch.version.cuda, 'gpu': torch.cuda.get_device_name(0) if d else None, "
+                "'bf16': torch.cuda.is_bf16_supported() if d else None, "
+                "'cpus': __import__('os').cpu_count()}))")
+        proc = subprocess.run([sys.executable, "-c", code], env=self.env, capture_output=True,
+                              text=True, timeout=allowed)
+        self.facts = json.loads(proc.stdout)
+        if not self.opts.cpu and not self.facts["gpu"]:
+            raise RuntimeError("no CUDA device visible to torch: use --cpu for the dry run")
+        smi = shutil.which("nvidia-smi")
+        if smi:
+            (self.out / "logs" / "nvidia-smi.txt").write_text(
+                subprocess.run([smi], capture_output=True, text=True).stdout)
+        return "ok", ", ".join(f"{k} {v}" for k, v in self.facts.items())
+
+    def tests(self, allowed: float):
+        xml = self.out / "cuda_tests.xml"
+        proc = self.sh("cuda_tests", [sys.executable, "-m", "pytest", "-q", "-ra", "-m", "cuda",
+                                      "-p", "no:cacheprovider", f"--junitxml={xml}",
+                                      str(ROOT / "tests" / "cuda")], allowed)
+        counts = _junit_counts(xml)
+        status = "ok" if proc.returncode == 0 else "failed"
+        return status, ", ".join(f"{v} {k}" for k, v in counts.items()) or f"exit {proc.returncode}"
+
+    def bench(self, allowed: float):
+        if self.opts.cpu:
+            args = ["--quick", "--steps", "1", "--warmup", "0", "--batch", "4", "--length", "6",
+                    "--device", "cpu", "--precision", "fp32", "model.d_model=32", "model.d_ff=64",
+                    "model.encoder_layers=1", "model.decoder_layers=1"]
+        else:  # the issue's dims; a GPU-sized batch (256 pairs × 32 tokens = 8192 target tokens)
+            args = ["--quick", "--steps", "10", "--warmup", "3", "--batch", "256", "--length", "32",
+                    "--device", "cuda", "--precision", "bf16", "--compile", "model.d_model=512",
+                    "model.d_ff=2048", "model.encoder_layers=6", "model.decoder_layers=6"]
+        json_path = self.out / "bench.json"
+        # no Multi30k for the bench: its padding figure is the CPU table's, and the GPU's time
+        # is better spent on the speeds (the study builds its own data)
+        env, self.env = self.env, {k: v for k, v in self.env.items() if k != "HEADS_LAB_DATA"}
+        try:
+            proc = self.sh("bench", self.heads_lab("bench", *args, "--json", str(json_path)), allowed)
+        finally:
+            self.env = env
+        if proc.returncode or not json_path.is_file():
+            return "failed", f"exit {proc.returncode} (logs/bench.log)"
+        result = json.loads(json_path.read_text())
+        met = [f"{name}: {value} ({'met' if ok else 'NOT met' if ok is False else '-'})"
+               for name, value, ok in result["targets"][:3]]
+        return "ok", "; ".join(met)
+
+    def table_a(self, allowed: float):
+        sweep = self.out / "table_a"
+        if self.opts.cpu:  # two tiny runs on the synthetic pair, two at once, as on the GPU
+            args = ["+experiment=table_a", "data=synthetic", "model=tiny", "model.heads=1,4",
+                    "seed=1", "trainer.max_steps=20", "trainer.valid_every=10",
+                    "trainer.warmup_steps=5", "data.train_size=400", "data.valid_size=30",
+                    "data.test_size=30", "data.vocab_size=200", "eval.beam=2",
+                    "trainer.precision=fp32", "trainer.device=cpu", "hydra.launcher.n_jobs=2"]
+        else:
+            args = ["+experiment=table_a", "trainer.device=cuda",
+                    f"hydra.launcher.n_jobs={self.opts.jobs}"]
+        common = ["-m", "hydra/launcher=local", "trainer.threads=1", "logger=none",
+                  "trainer.save_checkpoint=false", f"hydra.sweep.dir={sweep}"]
+        report_s = 40 if not self.opts.cpu else 60
+        proc = self.sh("table_a", self.heads_lab("train", *common, *args), allowed - report_s)
+        done = sorted(sweep.glob("*/results.json"))
+        if not done:
+            return "failed", f"no run finished (exit {proc.returncode}; logs/table_a.log)"
+        rep = self.sh("table_a_report", self.heads_lab("report", str(sweep)),
+                      min(report_s, self.left()))
+        runs = [json.loads(p.read_text()) for p in done]
+        mfu = [r["metrics"].get("cost/mfu") for r in runs if r["metrics"].get("cost/mfu")]
+        peak = max(r["metrics"]["cost/peak_mem_mb"] for r in runs)
+        detail = (f"{len(done)} runs finished; report exit {rep.returncode}; peak memory "
+                  f"{peak:,.0f} MB" + (f"; MFU {min(mfu):.1%}-{max(mfu):.1%}" if mfu else ""))
+        return ("ok" if proc.returncode == 0 and rep.returncode == 0 else "failed"), detail
+
+    # ---- the end
+
+    def finish(self) -> int:
+        total = time.monotonic() - self.started
+        summary = {"device": "cpu (dry run)" if self.opts.cpu else "gpu", "facts": self.facts,
+                   "budget_s": self.opts.budget, "total_s": round(total, 1), "parts": self.parts}
+        (self.out / "gpu_check.json").write_text(json.dumps(summary, indent=2) + "\n")
+        lines = [f"# heads-lab GPU check ({summary['device']})", "",
+                 ", ".join(f"{k}: {v}" for k, v in self.facts.items()), "",
+                 "| part | status | seconds | detail |", "| --- | --- | --- | --- |"]
+        lines += [f"| {p['part']} | {p['status']} | {p['seconds']:.0f} | "
+                  f"{p['detail'].replace('|', '/')} |" for p in self.parts]
+        lines += ["", f"total {total:.0f} s of a {self.opts.budget:.0f} s budget"]
+        (self.out / "summary.md").write_text("\n".join(lines) + "\n")
+        self.say("\n".join(lines))
+        bad = [p["part"] for p in self.parts if p["status"] == "failed"]
+        return 1 if bad else 0
+
+
+def _has_plugin(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def _junit_counts(xml: Path) -> dict[str, int]:
+    if not xml.is_file():
+        return {}
+    import xml.etree.ElementTree as ET
+
+    suite = ET.parse(xml).getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    n = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    return {"passed": n["tests"] - n["failures"] - n["errors"] - n["skipped"],
+            "failed": n["failures"], "errors": n["errors"], "skipped": n["skipped"]}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""The GPU check's dry run on CPU (scripts/gpu_check.py run --cpu): the same parts as on a GPU,
+so the prepared call cannot rot between GPU windows. The CUDA tests skip here with their reason;
+the bench and a two-run table_a study run tiny, and the report is written."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu_check") / "out"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "run", "--cpu",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600)
+    return out, proc
+
+
+def test_dry_run_passes_every_part_and_says_how_long_each_took(dry_run):
+    out, proc = dry_run
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "gpu_check.json").read_text())
+    parts = {p["part"]: p for p in summary["parts"]}
+    assert list(parts) == ["install", "environment", "tests", "bench", "table_a"]
+    assert all(p["status"] == "ok" and p["seconds"] >= 0 for p in parts.values()), parts
+    assert summary["total_s"] <= summary["budget_s"]
+    assert "| table_a | ok |" in (out / "summary.md").read_text()
+
+
+def test_dry_run_skips_the_cuda_tests_with_their_reason(dry_run):
+    out, _ = dry_run
+    suite = ET.parse(out / "cuda_tests.xml").getroot().find("testsuite")
+    cases = suite.findall("testcase")
+    assert len(cases) >= 8 and int(suite.get("skipped")) == len(cases)
+    reasons = {c.find("skipped").get("message") for c in cases}
+    assert all("no CUDA device" in r for r in reasons), reasons
+
+
+def test_dry_run_writes_the_bench_and_the_study_report(dry_run):
+    out, _ = dry_run
+    bench = json.loads((out / "bench.json").read_text())
+    assert bench["device"] == "cpu" and {"torch.nn.Transformer h=8", "mha h=8"} <= {
+        r["name"] for r in bench["rows"]}
+    runs = sorted((out / "table_a").glob("*/results.json"))
+    assert len(runs) == 2
+    assert {json.loads(r.read_text())["config"]["model"]["heads"] for r in runs} == {1, 4}
+    report = (out / "table_a" / "report.md").read_text()
+    assert "h=1" in report and "h=4" in report
+
+
+def test_a_used_output_folder_is_refused(tmp_path):
+    (tmp_path / "old.txt").write_text("an earlier check")
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "run", "--cpu",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "is not empty; give a new or empty --out folder" in proc.stderr
+    assert (tmp_path / "old.txt").read_text() == "an earlier check"
