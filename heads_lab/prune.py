@@ -204,6 +204,7 @@ def gate_table(results: list[dict]):
 def gates_from_trained(run, config, model, corpus, eval_split, device, out: Path) -> dict:
     from heads_lab.files import write_json, write_lines
     from heads_lab.heads import count_heads, fold_gates, format_heads, install_gates, remove_heads
+    from heads_lab.progress import clock
     from heads_lab.tracking import console
     from heads_lab.train import inverse_sqrt, train
 
@@ -215,12 +216,15 @@ def gates_from_trained(run, config, model, corpus, eval_split, device, out: Path
                                warmup_steps=max(1, p.steps // 10), save_checkpoint=False,
                                valid_every=p.steps, log_every=max(1, p.steps // 10))
 
+    started = time.perf_counter()
+
     def on_log(step: int, metrics: dict[str, float]) -> None:
         if "train/l0" in metrics:
-            console.print(f"gates step {step}: loss {metrics['train/loss']:.3f}, L0 "
-                          f"{metrics['train/l0']:.2f}, heads open {metrics['train/heads_open']:.0f}")
+            spent = time.perf_counter() - started
+            console.print(f"gates step {step}/{p.steps}: loss {metrics['train/loss']:.3f}, L0 "
+                          f"{metrics['train/l0']:.2f}, heads open {metrics['train/heads_open']:.0f}"
+                          f"  elapsed {clock(spent)}  ETA {clock(spent / step * (p.steps - step))}")
 
-    started = time.perf_counter()
     train(model, corpus.splits["train"], corpus.splits["valid"], tcfg, run.seed, device, on_log,
           extra=gates)
     train_s = time.perf_counter() - started

@@ -24,9 +24,12 @@ import dataclasses
 import json
 import math
 import statistics
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from rich.console import Console
 
 from heads_lab.config import BOOKKEEPING, is_among, written_before
 from heads_lab.errors import DataError
@@ -77,7 +80,12 @@ def main(args: list[str]) -> int:
     rows, varying = group(runs)
     base = base_row(rows, runs)
     split = runs[0].results["decoding"]["split"]
+    status = Console(stderr=True)  # progress on stderr: stdout keeps the table alone
+    status.print(f"report: {len(runs)} runs in {len(rows)} rows; paired bootstrap of BLEU against "
+                 f"the base row ({opts.samples} resamples) ...")
+    started = time.monotonic()
     p_seeds = significance(rows, base, split, opts.samples)
+    status.print(f"report: bootstrap done in {time.monotonic() - started:.0f} s")
     out = Path(opts.out or opts.dirs[0])
     out.mkdir(parents=True, exist_ok=True)
     table = render(rows, base, varying, split, paper_of(runs), p_seeds)

@@ -22,6 +22,7 @@ from rich.table import Table
 
 from heads_lab.config import LoggerConfig, WandbConfig
 from heads_lab.files import write_json  # noqa: F401 (tracking.write_json, kept for callers)
+from heads_lab.progress import clock
 from heads_lab.sites import SITES
 from heads_lab.variants import shape_keys, variant
 
@@ -156,12 +157,12 @@ class Tracker:
             self.first = (step, now)
         done, spent = step - self.first[0], now - self.first[1]
         total = self.total if self.total else None
-        eta = (_clock(spent / done * (total - step)) if total and done > 0 and step <= total
+        eta = (clock(spent / done * (total - step)) if total and done > 0 and step <= total
                else "?")
         return (f"step {step}/{total or '?'}  loss {metrics['train/loss']:.3f}  "
                 f"lr {metrics.get('train/lr', float('nan')):.2e}  "
                 f"{metrics.get('train/tokens_per_s', float('nan')):,.0f} tok/s  "
-                f"elapsed {_clock(now - self.started)}  ETA {eta}")
+                f"elapsed {clock(now - self.started)}  ETA {eta}")
 
     def stop_progress(self) -> None:
         if self.progress is not None:
@@ -178,12 +179,6 @@ class Tracker:
             except Exception as err:  # a tracker must never fail a finished run
                 log.warning("wandb finish failed: %s", err)
             self.wandb = None
-
-
-def _clock(seconds: float) -> str:
-    """h:mm:ss."""
-    seconds = int(round(seconds))
-    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
 def start_wandb(cfg: WandbConfig, run_dir: Path, name: str, config: dict, group: str | None,

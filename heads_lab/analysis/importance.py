@@ -4,6 +4,7 @@ kind of head (heads_lab.heads.head_kinds)."""
 from __future__ import annotations
 
 import contextlib
+import logging
 
 import numpy as np
 import torch
@@ -12,8 +13,11 @@ import torch.nn.functional as F
 from heads_lab.data import Split, bucket, collate
 from heads_lab.heads import SITES, HeadSet, attention_modules, gates_of, multipliers, out_kind
 from heads_lab.model import evaluating
+from heads_lab.progress import steps
 
 Scores = dict[tuple[str, int, str], np.ndarray]  # (site, layer, kind) → [heads of that kind]
+
+log = logging.getLogger(__name__)
 
 
 def importance_by_kind(model, split: Split, count: int | None, max_tokens: int, device,
@@ -51,7 +55,8 @@ def importance_by_kind(model, split: Split, count: int | None, max_tokens: int, 
         with evaluating(model), multipliers(model, masked, sites) as xi, \
                 (gates.suspended() if gates is not None else contextlib.nullcontext()):
             scored = [key for key in xi if key[0] in sites]
-            for ids in bucket(split.src_lens[:n], split.tgt_lens[:n], max_tokens):
+            groups = bucket(split.src_lens[:n], split.tgt_lens[:n], max_tokens)
+            for ids in steps(groups, "head importance", len(groups), log, unit="batches"):
                 batch = collate(split, ids).to(device)
                 keep = batch.tgt_out != model.pad_id
                 hidden = model.decode(batch.tgt_in, model.encode(batch.src))[keep]

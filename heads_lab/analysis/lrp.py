@@ -47,6 +47,7 @@ head variant without changing the model.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -57,8 +58,11 @@ from torch import Tensor, nn
 from heads_lab.data import Split, collate
 from heads_lab.heads import attention_modules
 from heads_lab.model import evaluating
+from heads_lab.progress import steps
 
 EPS = 1e-6
+
+log = logging.getLogger(__name__)
 
 
 def _stab(y: Tensor, eps: float) -> Tensor:
@@ -310,7 +314,7 @@ def head_relevance(model, split: Split, count: int | None, device, eps: float = 
     tokens = 0
     modules = attention_modules(model)
     with evaluating(model):
-        for i in range(n):
+        for i in steps(range(n), "LRP relevance", n, log, unit="sentences"):
             batch = collate(split, np.array([i])).to(device)
             rel = relevance(model, batch.src, batch.tgt_in, eps)
             for key, r in rel.heads.items():

@@ -11,6 +11,7 @@ import torch
 from heads_lab.data import Split, collate
 from heads_lab.heads import recording
 from heads_lab.model import evaluating
+from heads_lab.progress import Steps
 from heads_lab.sites import SITE, SITES
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ def collect_maps(model, split: Split, count: int | None, device, batch_size: int
         log.info("maps recorded through the explicit attention path: the fused SDPA kernel "
                  "returns no weights")
     ids_all = np.arange(len(split) if count is None else min(count, len(split)))
+    progress = Steps("attention maps", len(ids_all), log, unit="sentences")
     for start in range(0, len(ids_all), batch_size):
         batch = collate(split, ids_all[start:start + batch_size]).to(device)
         with evaluating(model), recording(model) as recorded:
@@ -62,4 +64,6 @@ def collect_maps(model, split: Split, count: int | None, device, batch_size: int
                                     for w in weights[site]]) for site in sites if weights.get(site)}
             out.append(Sentence(batch.src[row, :n_src].tolist(),
                                 batch.tgt_in[row, :n_tgt].tolist() if decoder else [], maps))
+        progress.step(batch.src.shape[0])
+    progress.finish()
     return out

@@ -1,0 +1,63 @@
+"""Progress lines of the long commands without a training loop (analyze, prune, report)."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from heads_lab.progress import Steps, clock, steps
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_a_line_at_most_every_interval_with_elapsed_and_eta(monkeypatch, caplog):
+    fake = Clock()
+    monkeypatch.setattr("heads_lab.progress.time.monotonic", fake)
+    log = logging.getLogger("test.progress")
+    with caplog.at_level(logging.INFO, logger="test.progress"):
+        counter = Steps("LRP relevance", 10, log, every_s=30, unit="sentences")
+        for _ in range(10):
+            fake.now += 20  # 20 s per sentence: a line every other sentence
+            counter.step()
+        counter.finish()
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0] == "LRP relevance 2/10 sentences (20%)  elapsed 0:00:40  ETA 0:02:40"
+    assert len(lines) == 5  # after 2, 4, 6, 8 sentences, and the closing line
+    assert lines[-1] == "LRP relevance 10/10 sentences (100%)  elapsed 0:03:20  ETA 0:00:00"
+
+
+def test_short_work_stays_quiet_and_the_wrapper_yields_every_item(caplog):
+    log = logging.getLogger("test.progress")
+    with caplog.at_level(logging.INFO, logger="test.progress"):
+        assert list(steps(range(5), "maps", 5, log)) == [0, 1, 2, 3, 4]
+    assert caplog.records == []
+    assert clock(3725.4) == "1:02:05"
+
+
+def test_maps_of_a_long_run_report_their_progress(monkeypatch, caplog):
+    """collect_maps logs where it is (every_s patched to 0: a line per batch)."""
+    from heads_lab.analysis import collect_maps
+    from heads_lab.data import Split
+    from heads_lab.model import Transformer
+    from heads_lab.schemas import ModelConfig
+
+    monkeypatch.setattr(Steps.__init__, "__defaults__", (0.0, ""))  # every_s = 0
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(d_model=16, heads=2, d_ff=32, encoder_layers=1,
+                                    decoder_layers=1), 20)
+    rng = np.random.default_rng(0)
+    split = Split(None, None, [rng.integers(4, 20, 5).tolist() for _ in range(5)],
+                  [rng.integers(4, 20, 4).tolist() for _ in range(5)])
+    with caplog.at_level(logging.INFO, logger="heads_lab.analysis.maps"):
+        collect_maps(model, split, None, torch.device("cpu"), batch_size=2)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0].startswith("attention maps 2/5 sentences (40%)  elapsed ")
+    assert lines[-1].startswith("attention maps 5/5 sentences (100%)")
