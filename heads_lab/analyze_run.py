@@ -30,6 +30,20 @@ COMMAND = Command("analyze", "analysis", ("analysis.",), __doc__)
 LETTER = {"positional": "P", "syntactic": "S", "rare": "R", "other": "·"}
 
 
+def _check_treebank_language(path: str, src: str, console) -> str | None:
+    """One line when analysis.treebank's language (UD's file name, <lang>_<name>-ud-<split>.conllu)
+    is not the model's source language: its sentences may still match the tokenizer (a joint
+    vocabulary reads both), but the heads then read text they were not trained to read. The
+    analysis goes on; the line says so. Returns the treebank's language code, if the name has one."""
+    name = Path(path).name
+    lang = name.split("_", 1)[0] if "_" in name and "-ud-" in name else None
+    if lang and src and lang != src:
+        console.print(f"[yellow]analysis.treebank {name} is in '{lang}', but the model's source "
+                      f"language is '{src}' (data.src): its heads are analysed on text of another "
+                      f"language; use a {src} treebank (e.g. {src}_pud-ud-test.conllu.gz)[/]")
+    return lang
+
+
 def main(args: list[str]) -> int:
     from heads_lab import figures, runs
     from heads_lab.analysis import analyze
@@ -49,6 +63,8 @@ def main(args: list[str]) -> int:
     # heatmaps draw attention maps: their heads are the maps' kind (softmax heads, h of them)
     map_heads = {key: head_kinds(m)[map_kind(m)] for key, m in modules.items()}
     chosen = parse_head_mask(",".join(cfg.heatmaps), map_heads)  # early errors
+    if cfg.treebank:
+        _check_treebank_language(cfg.treebank, run.data.src, console=wide_console())
     if not cfg.treebank:  # known before the maps are made; a treebank's count after
         split = corpus.splits[cfg.split]
         _check_sentences(cfg.sentences, len(split) if cfg.max_sentences is None

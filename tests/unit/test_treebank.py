@@ -190,3 +190,19 @@ def test_the_pud_german_treebank_is_read_and_matched(tmp_path):
                        found.offsets)
     assert result["amod dep→head"]["arcs"] == arcs["amod"]
     assert result["det dep→head"]["baseline"] > 0.5  # German det is mostly right before its noun
+
+
+def test_a_treebank_of_another_language_than_the_models_source_is_said_in_one_line():
+    from rich.console import Console
+
+    from heads_lab.analyze_run import _check_treebank_language
+
+    console = Console(record=True, width=300)
+    assert _check_treebank_language("/data/en_pud-ud-test.conllu.gz", "de", console) == "en"
+    said = console.export_text().strip().splitlines()
+    assert len(said) == 1 and "is in 'en', but the model's source language is 'de'" in said[0]
+    assert "use a de treebank (e.g. de_pud-ud-test.conllu.gz)" in said[0]
+    quiet = Console(record=True, width=300)
+    assert _check_treebank_language("/data/de_pud-ud-test.conllu.gz", "de", quiet) == "de"
+    assert _check_treebank_language("/data/mine.conllu", "de", quiet) is None  # no UD name
+    assert quiet.export_text() == ""
