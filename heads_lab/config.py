@@ -72,6 +72,7 @@ def register_configs() -> None:
         ("eval", "eval", EvalConfig),
         ("logger", "wandb", WandbConfig),
         ("logger", "none", LoggerConfig),
+        ("logger", "tensorboard", LoggerConfig),
     ):
         cs.store(group=f"schema/{group}", name=name, node=node)
 

@@ -119,6 +119,7 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
             "data": corpus.stats, "device": str(device), "threads": torch.get_num_threads(),
             "precision": str(run.trainer.precision),
             "config": config, "env": environment(), "wandb": tracker.wandb_info(),
+            "tensorboard": tracker.tensorboard_info(),
         }
         write_json(run_dir / "results.json", results)
         tracker.finish(summary=metrics)

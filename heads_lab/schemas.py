@@ -269,7 +269,10 @@ class EvalConfig:
 
 @dataclass
 class LoggerConfig:
-    name: str = opt("none", "wandb | none")
+    name: str = opt("none", "wandb | tensorboard | none")
+    tensorboard: bool = opt(False, "also write TensorBoard event files to <run dir>/tensorboard "
+                            "(logger=tensorboard alone; logger=wandb logger.tensorboard=true both); "
+                            "`tensorboard --logdir <sweep dir>` compares a sweep's runs")
 
 
 @dataclass

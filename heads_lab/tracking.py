@@ -102,16 +102,25 @@ def short_name(overrides: list[str], keys: list[str] | None = None) -> str:
 
 
 class Tracker:
-    """Console progress + optional wandb. `log` takes metrics keyed like 'valid/ppl'."""
+    """Console progress + optional wandb and TensorBoard. `log` takes metrics keyed like
+    'valid/ppl' (the same keys go to both)."""
 
     def __init__(self, logger_cfg: LoggerConfig, run_dir: Path, run_name: str, config: dict,
                  group: str | None = None, tags: list[str] | None = None):
         self.wandb = None
+        self.tensorboard = None
         self.progress: Progress | None = None
         self.task = None
+        self.last_step, self.logged = 0, set()
         if isinstance(logger_cfg, WandbConfig) and logger_cfg.mode.value != "disabled":
             self.wandb = start_wandb(logger_cfg, run_dir, run_name, flatten(config),
                                      logger_cfg.group or group, tags)
+        if getattr(logger_cfg, "tensorboard", False):
+            self.tensorboard = start_tensorboard(run_dir, run_name, config)
+
+    def tensorboard_info(self) -> dict[str, Any] | None:
+        """Where the TensorBoard event files are (for results.json)."""
+        return None if self.tensorboard is None else {"dir": self.tensorboard.log_dir}
 
     def wandb_info(self) -> dict[str, Any] | None:
         """Where the wandb run is (for results.json and `heads-lab report --wandb`)."""
@@ -147,6 +156,11 @@ class Tracker:
                      metrics["valid/ppl"])
         if self.wandb is not None:
             self.wandb.log(metrics, step=step)
+        if self.tensorboard is not None:
+            for key, value in metrics.items():
+                self.tensorboard.add_scalar(key, value, step)
+            self.logged.update(metrics)
+        self.last_step = max(self.last_step, step)
 
     def progress_line(self, step: int, metrics: dict[str, float]) -> str:
         """One line every trainer.log_every steps, for train.log and a non-interactive stdout
@@ -171,6 +185,15 @@ class Tracker:
 
     def finish(self, summary: dict[str, Any] | None = None, failed: bool = False) -> None:
         self.stop_progress()
+        if self.tensorboard is not None:
+            try:  # the run's final metrics (test BLEU, costs) at its last step, once
+                for key, value in (summary or {}).items():
+                    if isinstance(value, int | float) and key not in self.logged:
+                        self.tensorboard.add_scalar(key, value, self.last_step)
+                self.tensorboard.close()
+            except Exception as err:  # a tracker must never fail a finished run
+                log.warning("tensorboard close failed: %s", err)
+            self.tensorboard = None
         if self.wandb is not None:
             try:
                 if summary:
@@ -209,6 +232,23 @@ def start_wandb(cfg: WandbConfig, run_dir: Path, name: str, config: dict, group:
         )
     except Exception as err:  # never fail or hang a run for the tracker's sake
         log.warning("wandb could not start (%s); continuing without it", str(err).splitlines()[0])
+        return None
+
+
+def start_tensorboard(run_dir: Path, name: str, config: dict):
+    """A TensorBoard writer in run_dir/tensorboard (one per job, so `tensorboard --logdir
+    <sweep dir>` lists a sweep's runs by their job dirs), with the run's name and config as
+    text; None, with a warning, if it cannot start (the tracker never fails a run)."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+        writer.add_text("run", f"{name}\n\n" + "\n".join(
+            f"    {k}: {v}" for k, v in sorted(flatten(config).items())), 0)
+        return writer
+    except Exception as err:
+        log.warning("tensorboard could not start (%s); continuing without it",
+                    str(err).splitlines()[0])
         return None
 
 

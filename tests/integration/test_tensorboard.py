@@ -1,0 +1,49 @@
+"""logger=tensorboard: one event-file dir per job under the sweep, the same metric keys and
+values as results.json, read back with TensorBoard's own reader."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from tests.conftest import TINY
+from tests.integration.test_cli import heads_lab
+
+
+def _scalars(path) -> dict[str, list[tuple[int, float]]]:
+    acc = EventAccumulator(str(path), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def test_a_sweeps_runs_write_event_files_with_results_json_values(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = heads_lab("train", "-m", *TINY, "logger=tensorboard", "model.heads=2,4",
+                     f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = sorted(p.parent for p in sweep.glob("*/results.json"))
+    assert len(jobs) == 2
+    for job in jobs:
+        results = json.loads((job / "results.json").read_text())
+        assert results["tensorboard"] == {"dir": str(job / "tensorboard")}
+        scalars = _scalars(job / "tensorboard")
+        valid = {h["step"]: h["valid/loss"] for h in results["train"]["valid_history"]}
+        assert [s for s, _ in scalars["valid/loss"]] == sorted(valid)
+        for step, value in scalars["valid/loss"]:
+            assert value == pytest.approx(valid[step], rel=1e-6)  # stored as float32
+        last = results["train"]["steps"]
+        for key in ("test/bleu", "test/ppl", "cost/params"):
+            assert scalars[key] == [(last, pytest.approx(results["metrics"][key], rel=1e-6))]
+        assert [s for s, _ in scalars["train/loss"]] == [10, 20, 30]  # every trainer.log_every
+
+
+def test_wandb_and_tensorboard_together(tmp_path):
+    run = tmp_path / "run"
+    proc = heads_lab("train", *TINY, "logger=wandb", "logger.tensorboard=true",
+                     f"hydra.run.dir={run}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((run / "results.json").read_text())
+    assert results["wandb"]["mode"] == "offline" and results["tensorboard"]["dir"].endswith("tensorboard")
+    assert "valid/ppl" in _scalars(run / "tensorboard")
