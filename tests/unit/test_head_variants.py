@@ -411,3 +411,18 @@ def test_head_labels_count_their_heads():
     assert label(heads=8, kv_heads=1) == "8 heads, 1 key/value head"
     assert label(heads=8, kv_heads=2) == "8 heads, 2 key/value heads"
     assert label(heads=8) == "8 heads"
+
+
+def test_the_variant_registries_agree():
+    """One name per attention variant in every registry: the config's Enum, the variants table
+    (costs, kinds, checks), the model's modules (and each module's own `variant`), and the bench
+    rows each variant declares."""
+    from heads_lab.model.attention import MODULES
+    from heads_lab.schemas import AttentionKind
+    from heads_lab.variants import VARIANTS
+
+    names = {k.value for k in AttentionKind}
+    assert names == set(VARIANTS) == set(MODULES)
+    for name, module in MODULES.items():
+        assert module.variant == name and VARIANTS[name].name == name
+        assert VARIANTS[name].bench(quick=True), f"{name} declares no bench rows"
