@@ -35,6 +35,8 @@ def _check_treebank_language(path: str, src: str, console) -> str | None:
     is not the model's source language: its sentences may still match the tokenizer (a joint
     vocabulary reads both), but the heads then read text they were not trained to read. The
     analysis goes on; the line says so. Returns the treebank's language code, if the name has one."""
+    if not path:
+        return None
     name = Path(path).name
     lang = name.split("_", 1)[0] if "_" in name and "-ud-" in name else None
     if lang and src and lang != src:
@@ -63,8 +65,7 @@ def main(args: list[str]) -> int:
     # heatmaps draw attention maps: their heads are the maps' kind (softmax heads, h of them)
     map_heads = {key: head_kinds(m)[map_kind(m)] for key, m in modules.items()}
     chosen = parse_head_mask(",".join(cfg.heatmaps), map_heads)  # early errors
-    if cfg.treebank:
-        _check_treebank_language(cfg.treebank, run.data.src, console=wide_console())
+    _check_treebank_language(cfg.treebank, run.data.src, console=wide_console())
     if not cfg.treebank:  # known before the maps are made; a treebank's count after
         split = corpus.splits[cfg.split]
         _check_sentences(cfg.sentences, len(split) if cfg.max_sentences is None

@@ -100,10 +100,7 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
         eval_s = time.perf_counter() - eval_started
 
         metrics = _metrics(split_name, result, ppl, scores, params, costs, peak.mb(), model)
-        if device.type == "cuda":  # MFU against this GPU's measured matmul ceiling (a second)
-            costs["ceiling_gflops"] = matmul_ceiling(
-                torch.bfloat16 if precision == "bf16" else torch.float32, device=device)
-            metrics["cost/mfu"] = metrics["cost/train_gflops_per_s"] / costs["ceiling_gflops"]
+        _gpu_mfu(metrics, costs, device, precision)
         results = {
             "status": "complete", "name": run_name, "overrides": overrides,
             "run_dir": str(run_dir), "metrics": metrics, "params": params, "cost": costs,
@@ -163,6 +160,16 @@ def _metrics(split_name: str, result, ppl, scores, params, costs, peak_mb: float
     if gates_of(model) is not None:  # heads the test-time gates keep, per attention type
         metrics.update({f"heads_kept/{site}": n for site, n in gates_kept(model).items()})
     return metrics
+
+
+def _gpu_mfu(metrics: dict[str, float], costs: dict[str, Any], device, precision: str) -> None:
+    """On a GPU, cost/mfu: the training GFLOP/s over this GPU's matmul ceiling at the run's
+    precision, measured here (about a second; recorded as cost.ceiling_gflops)."""
+    if device.type != "cuda":
+        return
+    costs["ceiling_gflops"] = matmul_ceiling(
+        torch.bfloat16 if precision == "bf16" else torch.float32, device=device)
+    metrics["cost/mfu"] = metrics["cost/train_gflops_per_s"] / costs["ceiling_gflops"]
 
 
 def _evaluation(run: RunConfig, split, scores) -> dict[str, Any]:

@@ -205,4 +205,5 @@ def test_a_treebank_of_another_language_than_the_models_source_is_said_in_one_li
     quiet = Console(record=True, width=300)
     assert _check_treebank_language("/data/de_pud-ud-test.conllu.gz", "de", quiet) == "de"
     assert _check_treebank_language("/data/mine.conllu", "de", quiet) is None  # no UD name
+    assert _check_treebank_language(None, "de", quiet) is None  # no treebank: nothing to say
     assert quiet.export_text() == ""
