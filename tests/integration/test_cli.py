@@ -55,8 +55,8 @@ def test_help_lists_commands(tmp_path):
 def test_train_help_shows_hydra_config_groups(tmp_path):
     proc = heads_lab("train", "--help", cwd=tmp_path)
     assert proc.returncode == 0
-    for text in ("heads-lab train", "model: base, small, tiny, transformer_base", "logger: none, tensorboard, wandb",
-                 "heads: 4"):
+    for text in ("heads-lab train", "model: base, small, tiny, transformer_base",
+                 "logger: none, tensorboard, wandb", "heads: 4"):
         assert text in proc.stdout, text
     # every key with its value and its help, for the config the overrides compose
     keys = heads_lab("train", "model=tiny", "trainer.precision=bf16", "--help", cwd=tmp_path).stdout
