@@ -1,3 +1,3 @@
-from heads_lab.cli import main
+from heads_lab.commands.cli import main
 
 raise SystemExit(main())

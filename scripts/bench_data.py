@@ -37,7 +37,7 @@ def child(phase: str, data_args: str, cache: str) -> None:
     """One measured phase; prints a JSON line."""
     import torch
 
-    from heads_lab.config import compose, to_object
+    from heads_lab.config.compose import compose, to_object
     from heads_lab.data import prepare
 
     run = to_object(compose(json.loads(data_args)))
@@ -48,7 +48,7 @@ def child(phase: str, data_args: str, cache: str) -> None:
               "kept": corpus.stats["train"]["kept"]}
     if phase == "train":
         from heads_lab.model import Transformer
-        from heads_lab.train import train
+        from heads_lab.training.loop import train
 
         run.trainer.max_steps, run.trainer.valid_every = 20, 10_000
         model = Transformer(run.model, len(corpus.tokenizer))
@@ -68,8 +68,8 @@ def measure(phase: str, overrides: list[str], cache: Path) -> dict:
 
 def write_synthetic(root: Path, pairs: int) -> None:
     """The synthetic language pair as gzipped text files (train: `pairs` lines)."""
+    from heads_lab.config.schemas import SyntheticDataConfig
     from heads_lab.data.synthetic import Grammar
-    from heads_lab.schemas import SyntheticDataConfig
 
     root.mkdir(parents=True, exist_ok=True)
     grammar = Grammar(SyntheticDataConfig())

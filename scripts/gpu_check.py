@@ -221,7 +221,7 @@ class Check:
             self.env.pop("HEADS_LAB_DATA", None)
         elif DATA.is_dir() and "HEADS_LAB_DATA" not in os.environ:
             self.env["HEADS_LAB_DATA"] = str(DATA)
-        check = subprocess.run([sys.executable, "-c", "import heads_lab.cli, hydra, torch; "
+        check = subprocess.run([sys.executable, "-c", "import heads_lab.commands.cli, hydra, torch; "
                                 "print(torch.__version__, heads_lab.__file__)"],
                                env=self.env, capture_output=True, text=True, timeout=allowed)
         if check.returncode:

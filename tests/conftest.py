@@ -41,7 +41,7 @@ def cache_dir(tmp_path_factory) -> Path:
 
 def compose(overrides: list[str] | None = None):
     """The real conf/train.yaml composed with overrides, as Hydra's CLI would (no run dir)."""
-    from heads_lab.config import compose as compose_config
+    from heads_lab.config.compose import compose as compose_config
 
     return compose_config(overrides or [])
 
@@ -49,6 +49,6 @@ def compose(overrides: list[str] | None = None):
 @pytest.fixture
 def tiny_run():
     """The typed RunConfig of the TINY overrides."""
-    from heads_lab.config import to_object
+    from heads_lab.config.compose import to_object
 
     return to_object(compose(TINY))

@@ -4,7 +4,7 @@ syntactic and rare-word heads, LRP relevance), Michel et al. 2019 (importance) a
 
 Conventions (every measure is over the first `analysis.max_sentences` sentences of the split,
 or of `analysis.treebank`):
-- Heads are of one kind per number (heads_lab.heads.KIND_NAMES): multi-head attention has one
+- Heads are of one kind per number (heads_lab.model.heads.KIND_NAMES): multi-head attention has one
   kind; talking heads have h_K query/key, h softmax and h_V value heads. The maps are the
   softmax heads' weights, so every map measure is per softmax head; importance is measured per
   kind; no number of one kind is ever paired with a head of another.

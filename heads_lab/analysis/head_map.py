@@ -14,7 +14,7 @@ def mds_coordinates(distances: np.ndarray, seed: int = 0) -> np.ndarray:
     from classical MDS, so the same matrix gives the same map). Clark et al. use sklearn's MDS
     on their distance matrix too."""
     try:
-        from sklearn.manifold import MDS
+        from sklearn.manifold import MDS  # lazy: start-up time (scikit-learn), optional on old installs
     except ImportError:  # a dependency since the head map; an older install may lack it
         raise ConfigError("the head map needs scikit-learn: pip install 'scikit-learn>=1.8' "
                           "(or `make install`)") from None

@@ -1,5 +1,5 @@
 """Head importance (Michel et al. 2019): |∂L/∂ξ| for a multiplier ξ at 1 on every head, per
-kind of head (heads_lab.heads.head_kinds)."""
+kind of head (heads_lab.model.heads.head_kinds)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from heads_lab.data import Split, bucket, collate
-from heads_lab.heads import SITES, HeadSet, attention_modules, gates_of, multipliers, out_kind
 from heads_lab.model import evaluating
-from heads_lab.progress import steps
+from heads_lab.model.heads import SITES, HeadSet, attention_modules, gates_of, multipliers, out_kind
+from heads_lab.output.progress import steps
 
 Scores = dict[tuple[str, int, str], np.ndarray]  # (site, layer, kind) → [heads of that kind]
 

@@ -56,9 +56,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from heads_lab.data import Split, collate
-from heads_lab.heads import attention_modules
 from heads_lab.model import evaluating
-from heads_lab.progress import steps
+from heads_lab.model.heads import attention_modules
+from heads_lab.output.progress import steps
 
 EPS = 1e-6
 
@@ -120,7 +120,7 @@ def _attention(module, x: Tensor, memory: Tensor | None, mask, causal: bool,
                          causal, True)
     b, _, n, _ = o.shape
     merged = o.transpose(1, 2).reshape(b, n, module.out_heads * module.head_dim)
-    # what out_proj reads: with head gates or masks (heads_lab.heads' pre-hooks) each head's
+    # what out_proj reads: with head gates or masks (heads_lab.model.heads' pre-hooks) each head's
     # output scaled by its gate; relevance passes such a scale unchanged
     seen: list[Tensor] = []
     handle = module.out_proj.register_forward_hook(lambda _, inputs, __: seen.append(inputs[0]))

@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from heads_lab.config.sites import SITE, SITES
 from heads_lab.data import Split, collate
-from heads_lab.heads import recording
 from heads_lab.model import evaluating
-from heads_lab.progress import Steps
-from heads_lab.sites import SITE, SITES
+from heads_lab.model.heads import recording
+from heads_lab.output.progress import Steps
 
 log = logging.getLogger(__name__)
 

@@ -23,9 +23,9 @@ from heads_lab.analysis.metrics import (
     syntactic,
 )
 from heads_lab.analysis.syntax import Matching, Tree, attach_arcs, read_conllu, treebank_split
+from heads_lab.config.sites import SITE, SITES
 from heads_lab.data import Split
-from heads_lab.heads import attention_modules, head_kinds, map_kind, out_kind
-from heads_lab.sites import SITE, SITES
+from heads_lab.model.heads import attention_modules, head_kinds, map_kind, out_kind
 
 MAP_METRICS = ("confidence", "importance", "lrp", "positional_share", "self_share",
                "rare_share", "syntactic_gain")
@@ -130,20 +130,9 @@ def analyze(model, corpus, cfg, device, max_tokens: int, form: str = "NFC"
         for metric in MAP_METRICS:
             grids[metric][site] = empty if m[metric] is None else _rows(m[metric])
             grid_kinds[metric][site] = kind
-        for other in kinds[site]:  # talking heads: importance of the query/key and value heads
-            if other == kind or not importance:
-                continue
-            scores = np.stack([importance[(site, layer, other)] for layer in range(layers)])
-            grids.setdefault(f"importance_{other}", {})[site] = _rows(scores)
-            grid_kinds.setdefault(f"importance_{other}", {})[site] = other
-            if other == out and lrp is not None:
-                grids.setdefault(f"lrp_{other}", {})[site] = _rows(lrp)
-                grid_kinds.setdefault(f"lrp_{other}", {})[site] = other
-            heads += [{"site": site, "layer": layer, "kind": other, "head": h,
-                       "importance": float(scores[layer, h]),
-                       **({"lrp": float(lrp[layer, h])} if other == out and lrp is not None
-                          else {})}
-                      for layer in range(layers) for h in range(scores.shape[1])]
+        if importance:
+            heads += _other_kinds(site, kind, out, kinds[site], importance, lrp, layers, grids,
+                                  grid_kinds)
         distances[site] = m["distances"].tolist()
         diversities[site] = diversity(m["distances"], layers)
         coords[site] = mds_coordinates(m["distances"]).tolist()
@@ -165,6 +154,28 @@ def analyze(model, corpus, cfg, device, max_tokens: int, form: str = "NFC"
         "within_layer": spread, "lrp_vs_importance": lrp_vs_importance,
         "lrp_sentences": lrp_n if relevance else 0,
     }, sentences
+
+
+def _other_kinds(site: str, kind: str, out: str, site_kinds, importance, lrp, layers: int,
+                 grids: dict, grid_kinds: dict) -> list[dict[str, Any]]:
+    """Talking heads: the importance of the query/key and value heads (and the LRP relevance of
+    the kind that enters the output projection, when it is not the maps' kind) into `grids`,
+    under importance_<kind> / lrp_<kind>; returns their entries in the heads list."""
+    heads = []
+    for other in site_kinds:
+        if other == kind:
+            continue
+        scores = np.stack([importance[(site, layer, other)] for layer in range(layers)])
+        grids.setdefault(f"importance_{other}", {})[site] = _rows(scores)
+        grid_kinds.setdefault(f"importance_{other}", {})[site] = other
+        if other == out and lrp is not None:
+            grids.setdefault(f"lrp_{other}", {})[site] = _rows(lrp)
+            grid_kinds.setdefault(f"lrp_{other}", {})[site] = other
+        heads += [{"site": site, "layer": layer, "kind": other, "head": h,
+                   "importance": float(scores[layer, h]),
+                   **({"lrp": float(lrp[layer, h])} if other == out and lrp is not None else {})}
+                  for layer in range(layers) for h in range(scores.shape[1])]
+    return heads
 
 
 def _measure(site: str, maps, sentences, freq, word_offsets, rare_top_k, min_arcs
@@ -263,7 +274,7 @@ def _syntax_summary(source: Source, matching: Matching | None, tables: dict, hea
 
 def _spearman(a: np.ndarray, b: np.ndarray) -> float | None:
     """Spearman's rank correlation of two head scores (None when undefined)."""
-    from scipy.stats import spearmanr
+    from scipy.stats import spearmanr  # lazy: start-up time (scipy, for this one number)
 
     if len(a) < 3 or np.ptp(a) == 0 or np.ptp(b) == 0:
         return None

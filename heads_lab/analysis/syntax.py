@@ -16,12 +16,14 @@ from __future__ import annotations
 import gzip
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from heads_lab.analysis.maps import Sentence
 from heads_lab.analysis.metrics import DIRECTIONS, RELATIONS
+from heads_lab.data import Split
+from heads_lab.data.cleaning import normalize
 from heads_lab.errors import DataError
 
 OLD_NAMES = {"dobj": "obj"}
@@ -258,11 +260,6 @@ def treebank_split(trees: list[Tree], tokenizer, form: str, ref: str | None, max
     data.cleaning.normalize). Returns (split, its trees, their indices in the file, the
     sentences left out as {index, sent_id, reason}: no text, no translation, or more than
     `max_len` subwords on a side)."""
-    from dataclasses import replace
-
-    from heads_lab.data import Split
-    from heads_lab.data.cleaning import normalize
-
     kept, indices, left_out, sources, targets = [], [], [], [], []
     for i, tree in enumerate(trees):
         missing = "text" if not tree.text else ref if ref and not tree.comments.get(ref) else None

@@ -7,7 +7,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from heads_lab.config.schemas import ModelConfig, RunConfig
+from heads_lab.config.validate import validate
 from heads_lab.errors import ConfigError
+from heads_lab.output.files import write_json
 
 USAGE = ("heads-lab bench [--quick] [--depth] [--steps N] [--device D] [--precision P] [--batch B] "
          "[--length L] [--compile] [--json FILE] [--png FILE] [model.KEY=VALUE ...]")
@@ -32,19 +38,19 @@ def main(args: list[str]) -> int:
     parser.add_argument("--png", default="bench_depth.png", help="--depth: the plot")
     opts = parser.parse_args(args)
     model = _model(opts.overrides)
-    from heads_lab.files import write_json
-    from heads_lab.tables import wide_console
+    # lazy: start-up time (rich), kept out of the bench's peak-RSS child processes
+    from heads_lab.output.tables import wide_console
 
     console = wide_console(150)
     if opts.depth:
-        from heads_lab.bench import depth
+        from heads_lab.bench import depth  # lazy: start-up time (torch)
 
         result = depth.run(model, log=console.print)
         depth.plot(result, Path(opts.png))
         console.print(_depth_table(result))
         console.print(f"plot: {opts.png}")
     else:
-        from heads_lab.bench import suite
+        from heads_lab.bench import suite  # lazy: start-up time (torch)
 
         work, precision = _workload(opts)
         result = suite.run(model, steps=opts.steps, warmup=opts.warmup, quick=opts.quick,
@@ -59,10 +65,10 @@ def main(args: list[str]) -> int:
 
 def _workload(opts):
     """The batch on its device, and the table's precision, from the command line."""
-    import torch
+    import torch  # lazy: start-up time (torch)
 
-    from heads_lab.bench.measure import Workload
-    from heads_lab.device import check_precision, resolve_device
+    from heads_lab.bench.measure import Workload  # lazy: start-up time (torch)
+    from heads_lab.training.device import check_precision, resolve_device  # lazy: start-up time (torch)
 
     if opts.device != "auto" and opts.device != "cpu" and not opts.device.startswith("cuda"):
         raise ConfigError(f"--device {opts.device} is not a device: use auto, cpu, cuda or cuda:N")
@@ -79,12 +85,7 @@ def _workload(opts):
 
 def _model(overrides: list[str]):
     """The bench's small config (d_model 256, 3+3, d_ff 1024, dropout 0.1) with `model.*` overrides."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    from heads_lab.bench.suite import BASE
-    from heads_lab.config import validate
-    from heads_lab.schemas import ModelConfig, RunConfig
+    from heads_lab.bench.suite import BASE  # lazy: start-up time (torch)
 
     bad = [o for o in overrides if not o.startswith("model.") or "=" not in o]
     if bad:
@@ -103,6 +104,7 @@ def _model(overrides: list[str]):
 
 
 def _table(result: dict):
+    # lazy: start-up time (rich), kept out of the bench's peak-RSS child processes
     from rich.table import Table
 
     rows = {r["name"]: r for r in result["rows"]}
@@ -136,6 +138,7 @@ def _table(result: dict):
 
 
 def _targets(result: dict):
+    # lazy: start-up time (rich), kept out of the bench's peak-RSS child processes
     from rich.table import Table
 
     table = Table(title="targets", title_justify="left")
@@ -147,6 +150,7 @@ def _targets(result: dict):
 
 
 def _depth_table(result: dict):
+    # lazy: start-up time (rich), kept out of the bench's peak-RSS child processes
     from rich.table import Table
 
     table = Table(title="shallow multi-head vs deep single-head (fp32)", title_justify="left")

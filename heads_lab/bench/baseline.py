@@ -10,9 +10,9 @@ import warnings
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from heads_lab.config.schemas import ModelConfig, Norm
 from heads_lab.model import Encoded
 from heads_lab.model.transformer import sinusoids
-from heads_lab.schemas import ModelConfig, Norm
 
 
 class TorchTransformer(nn.Module):

@@ -15,11 +15,12 @@ import time
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 
 from heads_lab.bench.measure import Workload, _optimizer, train_step
-from heads_lab.cost import parameter_count
+from heads_lab.config.cost import parameter_count
+from heads_lab.config.schemas import ModelConfig
 from heads_lab.model import Transformer
-from heads_lab.schemas import ModelConfig
 
 
 def pair(shallow: ModelConfig) -> tuple[ModelConfig, ModelConfig]:
@@ -34,8 +35,6 @@ def pair(shallow: ModelConfig) -> tuple[ModelConfig, ModelConfig]:
 
 
 def _point(model: dict, work: dict, steps: int, out) -> None:
-    from omegaconf import OmegaConf
-
     cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), model))
     w = Workload(**work)
     torch.manual_seed(0)
@@ -88,10 +87,10 @@ def run(shallow: ModelConfig, batches=(16, 32, 64, 128), lengths=(10, 20, 40, 80
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
+    import matplotlib  # lazy: start-up time (matplotlib)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: start-up time (matplotlib)
 
     fig, axes = plt.subplots(2, 2, figsize=(10, 7), sharex="col")
     labels = {"shallow": f"shallow multi-head ({result['params']['shallow'] / 1e6:.2f} M)",

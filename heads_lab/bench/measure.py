@@ -12,14 +12,16 @@ import time
 from dataclasses import asdict, dataclass, field
 
 import torch
+from omegaconf import OmegaConf
 
-from heads_lab.cost import Lengths, account
+from heads_lab.bench.baseline import TorchTransformer
+from heads_lab.config.cost import Lengths, account
+from heads_lab.config.schemas import ModelConfig
 from heads_lab.data.tokenizer import EOS
-from heads_lab.decode import beam_search, greedy
-from heads_lab.device import autocast, synchronize
 from heads_lab.model import Transformer
-from heads_lab.schemas import ModelConfig
-from heads_lab.train import adam
+from heads_lab.model.decode import beam_search, greedy
+from heads_lab.training.device import autocast, synchronize
+from heads_lab.training.loop import adam
 
 CPU = torch.device("cpu")
 
@@ -36,8 +38,6 @@ class Variant:
 
     def build(self, vocab: int, device: torch.device = CPU) -> torch.nn.Module:
         if self.baseline:
-            from heads_lab.bench.baseline import TorchTransformer
-
             return TorchTransformer(self.model, vocab).to(device)
         return Transformer(self.model, vocab).to(device)
 
@@ -144,8 +144,6 @@ def decode_throughput(v: Variant, work: Workload, beam: int, use_cache: bool, re
 
 
 def _peak_child(variant: dict, work: dict, out) -> None:
-    from omegaconf import OmegaConf
-
     model = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), variant["model"]))
     v = Variant(variant["name"], model, variant["precision"], variant["baseline"])
     w = Workload(**work)

@@ -22,9 +22,18 @@ from heads_lab.bench.measure import (
     peak_memory_mb,
     train_throughput,
 )
-from heads_lab.cost import matmul_ceiling
-from heads_lab.schemas import AttentionKind, ModelConfig
-from heads_lab.variants import VARIANTS
+from heads_lab.config.compose import cache_dir
+from heads_lab.config.schemas import (
+    AttentionKind,
+    CleaningConfig,
+    ModelConfig,
+    Multi30kDataConfig,
+    PathsConfig,
+)
+from heads_lab.config.variants import VARIANTS
+from heads_lab.data import prepare
+from heads_lab.data.batching import epoch_batches, padding_fraction
+from heads_lab.training.device import matmul_ceiling
 
 BASE = dict(d_model=256, d_ff=1024, encoder_layers=3, decoder_layers=3, dropout=0.1)
 MHA8 = "mha h=8"
@@ -42,7 +51,7 @@ def variants(model: ModelConfig, quick: bool = False, precision: str = "fp32",
     main = precision
     out = [Variant("torch.nn.Transformer h=8", with_(heads=8), precision=main, baseline=True)]
     other = []
-    for name, entry in VARIANTS.items():  # each attention variant's own rows (heads_lab.variants)
+    for name, entry in VARIANTS.items():  # each attention variant's own rows (heads_lab.config.variants)
         kind = AttentionKind(name)
         out += [Variant(label, with_(attention=kind, **kw), precision=main)
                 for label, kw in entry.bench(quick)]
@@ -102,11 +111,6 @@ def multi30k_padding(max_tokens: int = 4096) -> float | None:
     if not any((r / "train.de.gz").is_file() or (r / "train.de").is_file()
                for r in (root, root / "multi30k")):
         return None
-    from heads_lab.config import cache_dir
-    from heads_lab.data import prepare
-    from heads_lab.data.batching import epoch_batches, padding_fraction
-    from heads_lab.schemas import CleaningConfig, Multi30kDataConfig, PathsConfig
-
     corpus = prepare(Multi30kDataConfig(cleaning=CleaningConfig(max_ratio=None)),
                      cache_dir(PathsConfig()))
     train = corpus.splits["train"]

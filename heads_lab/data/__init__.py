@@ -10,12 +10,13 @@ from typing import Any
 
 import numpy as np
 
+from heads_lab.config.schemas import DataConfig, SyntheticDataConfig
 from heads_lab.data.batching import Batch, Split, bucket, collate, epoch_batches
 from heads_lab.data.cleaning import keep_encoded, summary
 from heads_lab.data.corpus import load_or_build
+from heads_lab.data.synthetic import generate
 from heads_lab.data.tokenizer import Tokenizer, train_or_load
 from heads_lab.errors import DataError
-from heads_lab.schemas import DataConfig, SyntheticDataConfig
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +58,6 @@ def prepare(cfg: DataConfig, cache_root: Path) -> Corpus:
     if not isinstance(cfg, SyntheticDataConfig):
         tokenizer, splits, stats = load_or_build(cfg, cache_root)
         return Corpus(tokenizer, splits, {**stats, "vocab_size": len(tokenizer)})
-    from heads_lab.data.synthetic import generate
-
     pairs = generate(cfg)
     train_text = [p.src_text for p in pairs["train"]] + [p.tgt_text for p in pairs["train"]]
     tokenizer, cached = train_or_load(train_text, cfg.vocab_size, cfg.tokenizer, cache_root)

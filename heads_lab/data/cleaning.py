@@ -7,8 +7,8 @@ import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Iterator
 
+from heads_lab.config.schemas import CleaningConfig
 from heads_lab.data.sources import Pair
-from heads_lab.schemas import CleaningConfig
 
 NORMAL_FORMS = ("NFC", "NFKC", "NFD", "NFKD", "none")
 

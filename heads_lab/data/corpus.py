@@ -29,12 +29,12 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 
+from heads_lab.config.schemas import DataConfig
 from heads_lab.data.batching import Split, TokenArray
 from heads_lab.data.cleaning import clean, keep_encoded, summary
 from heads_lab.data.sources import SPLITS, open_source
 from heads_lab.data.tokenizer import Tokenizer, train_tokenizer
 from heads_lab.errors import DataError
-from heads_lab.schemas import DataConfig
 
 log = logging.getLogger(__name__)
 CORPUS_VERSION = 1  # bump when the cache layout or the cleaning code changes meaning

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from heads_lab.config.schemas import DataConfig, HFDataConfig, Multi30kDataConfig, TextFilesDataConfig
 from heads_lab.errors import ConfigError, DataError
-from heads_lab.schemas import DataConfig, HFDataConfig, Multi30kDataConfig, TextFilesDataConfig
 
 Pair = tuple[str, str] | None  # None: a pair with an undecodable line, skipped
 SPLITS = ("train", "valid", "test")
@@ -191,7 +191,7 @@ def _hf(cfg: HFDataConfig) -> dict[str, SplitReader]:
 
 
 def _load_hf(cfg: HFDataConfig):
-    import datasets
+    import datasets  # lazy: start-up time (datasets), and only Hub/HF-format data needs it
 
     try:
         if cfg.dataset in LOADERS:

@@ -33,7 +33,7 @@ import random
 import re
 from dataclasses import dataclass, field
 
-from heads_lab.schemas import SyntheticDataConfig
+from heads_lab.config.schemas import SyntheticDataConfig
 
 SRC_SYLLABLE = (["p", "t", "k", "b", "d", "g", "m", "n", "l", "r", "s", "f", "v", "w", "th", "sh"],
                 ["a", "e", "i", "o", "u", "ea", "oo", "ai"])

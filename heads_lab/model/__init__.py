@@ -1,11 +1,7 @@
 """The Transformer translator and its attention."""
 
-from heads_lab.model.attention import (
-    Attention,
-    MultiHeadAttention,
-    TalkingHeadsAttention,
-    reorder_cache,
-)
+from heads_lab.model.attention import Attention, MultiHeadAttention, TalkingHeadsAttention
+from heads_lab.model.kernels import reorder_cache
 from heads_lab.model.loss import label_smoothed_loss, output_loss
 from heads_lab.model.transformer import (
     Encoded,

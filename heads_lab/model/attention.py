@@ -21,14 +21,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from heads_lab.config.sites import SITE
 from heads_lab.errors import ConfigError
 from heads_lab.model.dropout import dropout
-from heads_lab.sites import SITE
-
-# One layer's incremental-decoding state: {"k": Tensor, "v": Tensor} [batch, heads, key, head_dim]
-# (self-attention: views of "buffer_k" / "buffer_v", which have room to grow; an int "positions",
-# if set, is the length to make room for at once).
-KVCache = dict[str, "Tensor | int"]
+from heads_lab.model.kernels import (
+    KVCache,
+    append_cache,
+    bmm_attention,
+    bmm_is_faster,
+    fill_masked,
+    masked_softmax,
+)
 
 
 class Attention(nn.Module):
@@ -49,14 +52,14 @@ class Attention(nn.Module):
         self.relative = relative
         self.position_bias = nn.Parameter(torch.zeros(heads, 2 * relative + 1)) if relative else None
 
-    variant = ""  # its entry in heads_lab.variants (map and out kinds, cost)
+    variant = ""  # its entry in heads_lab.config.variants (map and out kinds, cost)
 
     def mix_parameters(self) -> list[nn.Parameter]:
         """Parameters that mix heads (talking heads' P_l and P_w); none here."""
         return []
 
     def kinds(self) -> dict[str, int]:
-        """{kind: count} of its heads now (heads_lab.heads.KIND_NAMES)."""
+        """{kind: count} of its heads now (heads_lab.model.heads.KIND_NAMES)."""
         return {"head": self.heads}
 
     def keep_heads(self, keep: list[int]) -> None:
@@ -121,7 +124,7 @@ class Attention(nn.Module):
             q, k, v = F.linear(x, self.in_proj.weight, self.in_proj.bias).split(self.sizes, -1)
             q, k, v = self._heads(q, self.q_heads), self._heads(k, self.k_heads), self._heads(v, self.v_heads)
             if cache is not None:
-                k, v = _append(cache, "k", k), _append(cache, "v", v)
+                k, v = append_cache(cache, "k", k), append_cache(cache, "v", v)
             return q, k, v
         w, b = self.in_proj.weight, self.in_proj.bias
         q = self._heads(F.linear(x, w[:q_size], b[:q_size]), self.q_heads)
@@ -153,7 +156,7 @@ class Attention(nn.Module):
 
     def merge(self, o: Tensor) -> Tensor:
         # o [batch, out_heads, query, head_dim] → [batch, query, out_heads · head_dim] → d_model
-        b, _, n, _ = o.shape  # (masks and gates scale the heads in a pre-hook: heads_lab.heads)
+        b, _, n, _ = o.shape  # (masks and gates scale the heads in a pre-hook: heads_lab.model.heads)
         return self.out_proj(o.transpose(1, 2).reshape(b, n, self.out_heads * self.head_dim))
 
 
@@ -162,7 +165,7 @@ class MultiHeadAttention(Attention):
     kv_heads = heads standard multi-head attention (torch.nn.MultiheadAttention's in_proj layout)
     and kv_heads = 1 multi-query attention (Shazeer 2019). Keeps PyTorch's fused SDPA kernel."""
 
-    variant = "mha"  # its entry in heads_lab.variants
+    variant = "mha"  # its entry in heads_lab.config.variants
 
     def __init__(self, d_model: int, heads: int, head_dim: int, dropout: float = 0.0,
                  kv_heads: int | None = None, relative: int = 0):
@@ -203,10 +206,10 @@ class MultiHeadAttention(Attention):
         grouped = self.k_heads != self.q_heads
         rel = self.relative_bias(q.shape[2], k.shape[2])
         if not need_weights:
-            if _bmm_is_faster(q, k):
-                return _bmm_attention(q, k, v, mask, causal, p, rel), None
+            if bmm_is_faster(q, k):
+                return bmm_attention(q, k, v, mask, causal, p, rel), None
             if rel is not None:  # the fused kernel takes one additive mask: bias, -inf masked
-                mask, causal = _fill_masked(rel[None].to(q.dtype), mask, causal), False
+                mask, causal = fill_masked(rel[None].to(q.dtype), mask, causal), False
             # fused kernel; never materialises [batch, heads, query, key]
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
                                                is_causal=causal, enable_gqa=grouped)
@@ -218,7 +221,7 @@ class MultiHeadAttention(Attention):
         # logits [batch, heads, query, key]
         if rel is not None:
             logits = logits + rel
-        weights = _masked_softmax(logits, mask, causal)
+        weights = masked_softmax(logits, mask, causal)
         return torch.matmul(dropout(weights, p, True), v), weights
 
 
@@ -303,7 +306,7 @@ class TalkingHeadsAttention(Attention):
         if rel is not None:  # per softmax head, after the mix
             logits = logits + rel
         # in place: no backward needs L (nor J, when L is J: QKᵀ's backward keeps Q and K)
-        weights = _masked_softmax(logits, mask, causal, inplace=True)  # W [batch, h, n, m]
+        weights = masked_softmax(logits, mask, causal, inplace=True)  # W [batch, h, n, m]
         mixed = (torch.matmul(self.weights_mix.t(), weights.view(b, h, n * m)).view(b, h_v, n, m)
                  if self.weights_mix is not None else weights)  # U [batch, h_V, n, m]
         p = self.dropout if self.training else 0.0
@@ -311,7 +314,7 @@ class TalkingHeadsAttention(Attention):
         return o, weights if need_weights else None
 
 
-# each variant of heads_lab.variants by name: its module
+# each variant of heads_lab.config.variants by name: its module
 MODULES: dict[str, type[Attention]] = {"mha": MultiHeadAttention,
                                        "talking_heads": TalkingHeadsAttention}
 
@@ -330,101 +333,3 @@ def _mix_init(rows: int, cols: int, how: str | None = None) -> Tensor:
     return mix
 
 
-CPU_BMM_MAX_KEYS = 512
-
-
-def _bmm_is_faster(q: Tensor, k: Tensor) -> bool:
-    """On CPU, at translation lengths, two batched matmuls beat PyTorch's fused attention kernel:
-    fwd+bwd at 64×8×20×32, 4.0 vs 9.5 ms in fp32, and under bf16 its backward is ~7× slower
-    still. Past CPU_BMM_MAX_KEYS keys the fused kernel's memory saving wins."""
-    return q.device.type == "cpu" and k.shape[2] <= CPU_BMM_MAX_KEYS
-
-
-def _bmm_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
-                   p: float, rel: Tensor | None = None) -> Tensor:
-    """softmax(q·kᵀ/√d + bias)·v with heads folded into the batch: one baddbmm adds the mask as
-    a -inf bias and applies the scale, the softmax runs in at least fp32, one bmm applies it.
-    Query heads sharing a key/value head (grouped / multi-query) are stacked along the query
-    axis, so shared keys and values are never repeated. q [batch, heads, n, d], k and v
-    [batch, kv_heads, m, d], mask [batch, 1, 1, m], rel (relative-position bias) [heads, n, m]
-    → o [batch, heads, n, d]."""
-    b, h, n, d = q.shape
-    kv, m = k.shape[1], k.shape[2]
-    g = h // kv
-    bias = q.new_zeros(())  # 0 and -inf are exact in any float dtype
-    if mask is not None:  # key padding, [batch, 1, 1, m] → [batch · kv, 1, m]
-        pad = q.new_zeros(mask.shape)
-        bias = pad.masked_fill_(~mask, float("-inf")).expand(b, kv, 1, m).reshape(b * kv, 1, m)
-    if causal:  # query i (in each stacked group) sees keys ≤ i + m - n
-        future = q.new_full((n, m), float("-inf")).triu(m - n + 1)
-        bias = bias + (future.repeat(g, 1) if g > 1 else future)
-    if rel is not None:  # [heads, n, m] → [kv, g · n, m], the same for every sentence
-        bias = bias + rel.to(q.dtype).reshape(kv, g * n, m).repeat(b, 1, 1)
-    keys = k.reshape(b * kv, m, d).transpose(1, 2)
-    scores = torch.baddbmm(bias, q.reshape(b * kv, g * n, d), keys, alpha=d**-0.5)
-    weights = scores.softmax(dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
-    weights = dropout(weights, p, True).to(v.dtype) if p else weights.to(v.dtype)
-    return torch.bmm(weights, v.reshape(b * kv, m, d)).view(b, h, n, d)
-
-
-def _fill_masked(x: Tensor, mask: Tensor | None, causal: bool, inplace: bool = False) -> Tensor:
-    """`x` [.., query, key] with masked keys (mask False) and, if causal, future keys at -inf;
-    `inplace` fills `x` itself (safe when nothing else needs it for backward)."""
-    fill = torch.Tensor.masked_fill_ if inplace else torch.Tensor.masked_fill
-    if mask is not None:
-        x = fill(x, ~mask, float("-inf"))
-    if causal:
-        n, m = x.shape[-2:]
-        future = torch.ones(n, m, dtype=torch.bool, device=x.device).triu(m - n + 1)
-        x = fill(x, future, float("-inf"))
-    return x
-
-
-def _masked_softmax(logits: Tensor, mask: Tensor | None, causal: bool, inplace: bool = False):
-    """Softmax over keys, in at least fp32, of `_fill_masked(logits, ...)`."""
-    logits = _fill_masked(logits, mask, causal, inplace)
-    return logits.softmax(dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
-
-
-def _append(cache: KVCache, key: str, new: Tensor) -> Tensor:
-    """Self-attention cache: append `new` [batch, heads, n, head_dim] along the key axis and
-    return the whole [batch, heads, t + n, head_dim]. Positions go into a buffer with spare
-    capacity (doubled when full), so a step writes only its own keys instead of copying all
-    earlier ones (torch.cat); the cache entry is a view of the buffer's first t + n positions.
-    The first buffer has room for the cache's "positions" when set (a decoder's length limit)."""
-    old = cache.get(key)
-    t = 0 if old is None else old.shape[2]
-    end = t + new.shape[2]
-    buf = cache.get(f"buffer_{key}")
-    if buf is None or buf.shape[2] < end:
-        b, h, _, d = new.shape
-        room = cache.get("positions", 0)
-        grown = new.new_empty(b, h, room if room >= end else max(16, 2 * end), d)
-        if old is not None:
-            grown[:, :, :t] = old
-        buf = cache[f"buffer_{key}"] = grown
-    buf[:, :, t:end] = new
-    cache[key] = buf[:, :, :end]
-    return cache[key]
-
-
-def reorder_cache(caches: list[KVCache], order: Tensor) -> None:
-    """Beam search: row i of every self-attention cache becomes row order[i]. The rows are
-    gathered straight into a second buffer of the same capacity (kept from the previous step, so
-    nothing is allocated), which becomes the cache: one pass over the cached positions, and the
-    next append writes in place instead of copying them into a new buffer."""
-    for cache in caches:
-        for key in ("k", "v"):
-            if key not in cache:
-                continue
-            old, buf = cache[key], cache.get(f"buffer_{key}")
-            if buf is None:
-                cache[key] = old.index_select(0, order)
-                continue
-            spare = cache.get(f"spare_{key}")
-            if spare is None or spare.shape != buf.shape:
-                spare = torch.empty_like(buf)
-            t = old.shape[2]
-            torch.index_select(old, 0, order, out=spare[:, :, :t])
-            cache[f"buffer_{key}"], cache[f"spare_{key}"] = spare, buf
-            cache[key] = spare[:, :, :t]

@@ -12,11 +12,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from heads_lab.model.attention import MODULES, Attention, KVCache
+from heads_lab.config.schemas import ModelConfig, Norm
+from heads_lab.config.variants import variant
+from heads_lab.model.attention import MODULES, Attention
 from heads_lab.model.dropout import dropout
+from heads_lab.model.kernels import KVCache
 from heads_lab.model.loss import label_smoothed_loss, output_loss
-from heads_lab.schemas import ModelConfig, Norm
-from heads_lab.variants import variant
 
 
 def sinusoids(length: int, dim: int) -> Tensor:

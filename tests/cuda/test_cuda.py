@@ -25,17 +25,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from heads_lab import checkpoint
 from heads_lab.analysis import collect_maps
-from heads_lab.checkpoint import Checkpoints
-from heads_lab.config import AttentionKind, ModelConfig, TrainerConfig
+from heads_lab.config.schemas import AttentionKind, ModelConfig, TrainerConfig
 from heads_lab.data import Split
 from heads_lab.data.tokenizer import EOS
-from heads_lab.decode import beam_search, greedy
-from heads_lab.heads import gates_of, head_counts, install_gates, masked, parse_head_mask, remove_heads
 from heads_lab.model import MultiHeadAttention, TalkingHeadsAttention, Transformer
 from heads_lab.model import attention as attention_module
-from heads_lab.train import train
+from heads_lab.model.decode import beam_search, greedy
+from heads_lab.model.heads import gates_of, head_counts, install_gates, masked, parse_head_mask, remove_heads
+from heads_lab.training import checkpoint
+from heads_lab.training.checkpoint import Checkpoints
+from heads_lab.training.loop import train
 from tests.conftest import TINY
 
 pytestmark = pytest.mark.cuda
@@ -512,7 +512,7 @@ def one_rank_group(backend=None, **kwargs):
     real_init(backend, rank=0, world_size=1, **kwargs)
     Path(os.environ["HEADS_LAB_TEST_BACKEND"]).write_text(dist.get_backend())
 dist.init_process_group = one_rank_group
-from heads_lab.cli import main
+from heads_lab.commands.cli import main
 raise SystemExit(main(sys.argv[1:]))
 '''
 

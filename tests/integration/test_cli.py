@@ -336,9 +336,9 @@ def test_a_training_subset_is_fixed_nested_and_recorded(tmp_path):
 def test_the_best_validation_weights_are_evaluated_when_asked(tmp_path):
     import torch
 
-    from heads_lab import checkpoint
-    from heads_lab.evaluate import perplexity
-    from heads_lab.runs import load
+    from heads_lab.commands.runs import load
+    from heads_lab.training import checkpoint
+    from heads_lab.training.evaluate import perplexity
 
     proc = heads_lab("train", *TINY, "eval.checkpoint=best", "trainer.valid_every=5", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr + proc.stdout
@@ -367,7 +367,7 @@ def test_a_run_logs_a_progress_line_every_log_every_steps(tiny_run_dir):
 
 
 def test_a_preset_runs_on_any_cpu_without_naming_the_precision(tmp_path):
-    from heads_lab.device import native_bf16
+    from heads_lab.training.device import native_bf16
 
     # table_a's sweep (trainer.precision=auto), shrunk: two jobs, a tiny model, no real data
     proc = heads_lab("train", "-m", "+experiment=table_a", *TINY, "data=synthetic",
@@ -385,9 +385,9 @@ def test_a_preset_runs_on_any_cpu_without_naming_the_precision(tmp_path):
 
 
 def test_an_explicit_bf16_sweep_stops_once_before_its_first_job_without_native_bf16(monkeypatch):
-    import heads_lab.device as device
+    import heads_lab.training.device as device
+    from heads_lab.commands.sweeps import check_sweep
     from heads_lab.errors import ConfigError
-    from heads_lab.sweeps import check_sweep
 
     monkeypatch.setattr(device, "native_bf16", lambda: False)  # (this CPU may have it)
     with pytest.raises(ConfigError) as err:
@@ -418,8 +418,8 @@ def test_info_prints_the_account_without_data_or_training(tmp_path):
 
 
 def test_info_json_answers_whether_heads_change_parameters(tmp_path):
-    from heads_lab.config import ModelConfig
-    from heads_lab.cost import parameter_count
+    from heads_lab.config.cost import parameter_count
+    from heads_lab.config.schemas import ModelConfig
 
     proc = heads_lab("info", "--json", "model=base", "model.heads=1,8,32",
                      "model.attention=mha,talking_heads", cwd=tmp_path)

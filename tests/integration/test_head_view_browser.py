@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 
-from heads_lab.head_view import head_view_html
+from heads_lab.output.head_view import head_view_html
 
 BROWSER, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 pytestmark = pytest.mark.skipif(

@@ -195,7 +195,7 @@ def test_analyze_bad_input_is_one_line(trained):
 
 
 def test_analyze_an_earlier_checkpoint(trained):
-    from heads_lab.checkpoint import step_files
+    from heads_lab.training.checkpoint import step_files
 
     steps = [step for step, _ in step_files(trained)]
     assert len(steps) >= 2

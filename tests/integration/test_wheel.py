@@ -27,7 +27,7 @@ def test_wheel_holds_the_config_tree(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     for conf in sorted((REPO / "conf").rglob("*.yaml")):
         assert f"heads_lab/conf/{conf.relative_to(REPO / 'conf')}" in names, conf
-    assert "heads_lab/cli.py" in names
+    assert "heads_lab/commands/cli.py" in names
     assert any(n.endswith("entry_points.txt") for n in names)
 
 
@@ -37,8 +37,8 @@ def test_installed_wheel_composes_its_own_config_from_anywhere(wheel, tmp_path):
                     str(target), str(wheel)], check=True, capture_output=True)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    code = ("import heads_lab, heads_lab.config as c; print(heads_lab.__file__); "
-            "print(c.config_dir()); from heads_lab.cli import main; "
+    code = ("import heads_lab, heads_lab.config.compose as c; print(heads_lab.__file__); "
+            "print(c.config_dir()); from heads_lab.commands.cli import main; "
             "raise SystemExit(main(['train', '--cfg', 'job', 'model.heads=2']))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, capture_output=True,
                           text=True, env={**os.environ, "PYTHONPATH": str(target)})

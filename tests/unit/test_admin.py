@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from heads_lab.config import ModelConfig, Norm
+from heads_lab.config.schemas import ModelConfig, Norm
 from heads_lab.model import Transformer, admin_init
 
 V = 40

@@ -210,7 +210,7 @@ def test_head_distances_are_clarks_js_per_query_across_layers():
 
 
 def test_head_map_puts_identical_heads_together_and_groups_apart(tmp_path):
-    from heads_lab import figures
+    from heads_lab.output import figures
 
     # two groups of three identical heads, the groups far apart
     d = np.full((6, 6), 0.6)
@@ -277,7 +277,7 @@ def _result(source, relations):
 
 
 def test_analyze_tables_say_why_there_are_no_syntactic_heads_on_real_data(tmp_path):
-    from heads_lab.analyze_run import tables, write_tables
+    from heads_lab.commands.analyze import tables, write_tables
 
     best = {"layer": 0, "head": 1, "kind": "head", "accuracy": 0.7, "baseline": 0.4, "gain": 0.3}
     gold = tables(_result("gold", {"nsubj dep→head": {"arcs": 12, "baseline": 0.4, "best": best,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from heads_lab.config import ModelConfig
+from heads_lab.config.schemas import ModelConfig
 from heads_lab.model import MultiHeadAttention, Transformer, count_parameters
 
 D, H = 32, 4
@@ -120,7 +120,7 @@ def test_cpu_bmm_attention_equals_torch_sdpa_in_float64(case, kv_heads):
     stacked on the query axis) against PyTorch's own scaled_dot_product_attention."""
     import torch.nn.functional as F
 
-    from heads_lab.model.attention import _bmm_attention
+    from heads_lab.model.kernels import bmm_attention
 
     torch.manual_seed(4)
     b, h, n, d = 3, 8, 5, 4
@@ -130,7 +130,7 @@ def test_cpu_bmm_attention_equals_torch_sdpa_in_float64(case, kv_heads):
     v = torch.randn(b, kv_heads, m, d, dtype=torch.float64, requires_grad=True)
     mask = None if case == "causal" else ~_padding([m, 2, m - 3], m)[:, None, None, :]
     causal = "causal" in case
-    ours = _bmm_attention(q, k, v, mask, causal, 0.0)
+    ours = bmm_attention(q, k, v, mask, causal, 0.0)
     bias = None
     if mask is not None or causal:
         bias = torch.ones(b, 1, n, m, dtype=torch.bool)
@@ -148,8 +148,8 @@ def test_cpu_bmm_attention_equals_torch_sdpa_in_float64(case, kv_heads):
 
 
 def test_long_key_sequences_use_the_fused_kernel_on_cpu():
-    from heads_lab.model.attention import CPU_BMM_MAX_KEYS, _bmm_is_faster
+    from heads_lab.model.kernels import CPU_BMM_MAX_KEYS, bmm_is_faster
 
     q = torch.zeros(1, 1, 1, 4)
-    assert _bmm_is_faster(q, torch.zeros(1, 1, CPU_BMM_MAX_KEYS, 4))
-    assert not _bmm_is_faster(q, torch.zeros(1, 1, CPU_BMM_MAX_KEYS + 1, 4))
+    assert bmm_is_faster(q, torch.zeros(1, 1, CPU_BMM_MAX_KEYS, 4))
+    assert not bmm_is_faster(q, torch.zeros(1, 1, CPU_BMM_MAX_KEYS + 1, 4))

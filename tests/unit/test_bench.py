@@ -9,9 +9,9 @@ import pytest
 from heads_lab.bench.baseline import TorchTransformer
 from heads_lab.bench.depth import pair
 from heads_lab.bench.measure import Variant, Workload, decode_throughput, train_throughput
-from heads_lab.cost import Lengths, account, parameter_count
+from heads_lab.config.cost import Lengths, account, parameter_count
+from heads_lab.config.schemas import ModelConfig
 from heads_lab.model import Transformer
-from heads_lab.schemas import ModelConfig
 
 SMALL = ModelConfig(d_model=32, heads=4, d_ff=64, encoder_layers=1, decoder_layers=1)
 
@@ -77,7 +77,7 @@ def test_bench_in_bf16_runs_every_row_in_bf16_beside_one_fp32_row(tmp_path, monk
     from heads_lab.bench import main
 
     monkeypatch.setattr("heads_lab.bench.suite.matmul_ceiling", lambda dtype, device: 100.0)
-    monkeypatch.setattr("heads_lab.device.native_bf16", lambda: True)
+    monkeypatch.setattr("heads_lab.training.device.native_bf16", lambda: True)
     out = tmp_path / "bench.json"
     assert main(["--quick", "--steps", "1", "--warmup", "0", "--json", str(out), "--device", "cpu",
                  "--precision", "bf16", "--batch", "3", "--length", "5", "model.d_model=32",

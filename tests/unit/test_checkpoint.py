@@ -10,11 +10,12 @@ import math
 import pytest
 import torch
 
-from heads_lab import checkpoint
-from heads_lab.checkpoint import Checkpoints
-from heads_lab.config import TrainerConfig
+from heads_lab.config.schemas import TrainerConfig
 from heads_lab.errors import CheckpointError
-from heads_lab.train import Diverged, Preempted, train
+from heads_lab.training import checkpoint
+from heads_lab.training.checkpoint import Checkpoints
+from heads_lab.training.loop import train
+from heads_lab.training.state import Diverged, Preempted
 from tests.unit.test_train import _model, _split
 
 CPU = torch.device("cpu")
@@ -194,7 +195,7 @@ def test_stop_signals_are_caught_and_reported_then_handlers_restored(name):
     import os
     import signal
 
-    from heads_lab.runner import stop_signals
+    from heads_lab.commands.train import stop_signals
 
     sig = signal.Signals[name]
     before = signal.getsignal(sig)
@@ -218,7 +219,7 @@ def test_resume_ignores_analysis_settings_and_accepts_settings_added_since(tmp_p
     newer = {**CONFIG, "analysis": {"max_sentences": 9, "min_arcs": 20},
              "report": {"base": {"model.heads": 8}}, "prune": {"init_keep": 0.9}}
     cfg = _cfg()
-    with caplog.at_level(logging.WARNING, logger="heads_lab.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="heads_lab.training.checkpoint"):
         result = train(_model(), split, split, cfg, seed=0, device=CPU,
                        checkpoints=Checkpoints(tmp_path, cfg, newer))
     assert result.resumed_from == 4
@@ -237,8 +238,8 @@ def test_a_sweep_worker_keeps_catching_stop_signals_between_jobs_and_catches_rea
     import os
     import signal
 
-    from heads_lab.stops import keep_stop_signals, stop_signals
-    from heads_lab.sweeps import catches
+    from heads_lab.commands.sweep_signals import catches
+    from heads_lab.training.stops import keep_stop_signals, stop_signals
 
     before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)}
     try:
@@ -273,7 +274,7 @@ def test_a_talking_heads_run_from_before_mix_init_resumes_only_with_its_old_star
         train(_model(), split, split, cfg, seed=0, device=CPU,
               checkpoints=Checkpoints(tmp_path, cfg, now))
     named = {**CONFIG, "model": {**rect, "mix_init": "identity"}}
-    with caplog.at_level(logging.WARNING, logger="heads_lab.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="heads_lab.training.checkpoint"):
         result = train(_model(), split, split, cfg, seed=0, device=CPU,
                        checkpoints=Checkpoints(tmp_path, cfg, named))
     assert result.resumed_from == 4 and "no setting model.mix_init" in caplog.text

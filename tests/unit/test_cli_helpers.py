@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from heads_lab.config import expand_sweeps
-from heads_lab.config import run_dir_suffix as _dir_suffix
+from heads_lab.config.compose import expand_sweeps
+from heads_lab.config.compose import run_dir_suffix as _dir_suffix
 
 
 def test_dir_suffix():
@@ -30,8 +30,8 @@ def test_run_dir_probe_survives_ranks_probing_the_same_dir_at_once(tmp_path):
     # rank delete another's probe ("cannot write to the run dir: No such file or directory")
     import threading
 
+    from heads_lab.commands.train import ensure_writable
     from heads_lab.errors import ConfigError
-    from heads_lab.runner import ensure_writable
 
     errors = []
 
@@ -56,7 +56,7 @@ def test_run_dir_probe_survives_ranks_probing_the_same_dir_at_once(tmp_path):
 def test_sweep_jobs_leave_out_hydra_settings_as_a_jobs_results_do(monkeypatch):
     """A sweep run again with `hydra/launcher=local` must still recognise its finished jobs,
     whose results.json lists only task overrides (this once refused the resume)."""
-    from heads_lab.sweeps import sweep_jobs
+    from heads_lab.commands.sweeps import sweep_jobs
 
     jobs = sweep_jobs(["-m", "model.heads=1,4", "hydra/launcher=local", "+hydra.launcher.n_jobs=2",
                        "hydra.sweep.dir=/tmp/x", "seed=3"])
@@ -66,8 +66,8 @@ def test_sweep_jobs_leave_out_hydra_settings_as_a_jobs_results_do(monkeypatch):
 def test_a_sweeps_workers_see_the_commands_start_time_and_it_is_removed_after(monkeypatch):
     """joblib/submitit/SLURM workers resolve the dated sweep dir from HEADS_LAB_START_TIME: it
     must be this command's start time while the command runs, and gone (or the caller's) after."""
-    from heads_lab.cli import _shared_start_time
-    from heads_lab.config import start_time
+    from heads_lab.commands.cli import _shared_start_time
+    from heads_lab.config.compose import start_time
 
     monkeypatch.delenv("HEADS_LAB_START_TIME", raising=False)
     with _shared_start_time():
@@ -88,17 +88,18 @@ def test_a_job_of_a_stopping_sweep_does_not_start_and_says_so(monkeypatch, tmp_p
 
     from omegaconf import OmegaConf
 
-    from heads_lab import sweeps
+    from heads_lab.commands import sweeps
+    from heads_lab.commands.sweep_signals import STOPPING, SWEEP_PID_ENV
 
     job_dir = tmp_path / "sweep" / "1_seed=2"
     job_dir.mkdir(parents=True)
     cfg = OmegaConf.create({"runtime": {"output_dir": str(job_dir)},
                             "sweep": {"dir": str(tmp_path / "sweep")},
                             "overrides": {"task": ["seed=2"]}, "job": {"num": 1}})
-    monkeypatch.delenv(sweeps.SWEEP_PID_ENV, raising=False)
-    (tmp_path / "sweep" / sweeps.STOPPING).write_text("SIGUSR2")
+    monkeypatch.delenv(SWEEP_PID_ENV, raising=False)
+    (tmp_path / "sweep" / STOPPING).write_text("SIGUSR2")
     assert not sweeps.not_started(cfg)  # not a sweep on workers: never
-    monkeypatch.setenv(sweeps.SWEEP_PID_ENV, str(os.getpid()))  # the sweep's own process
+    monkeypatch.setenv(SWEEP_PID_ENV, str(os.getpid()))  # the sweep's own process
     assert sweeps.not_started(cfg)
     stopped = json.loads((job_dir / "stopped.json").read_text())
     assert stopped["signal"] == "SIGUSR2" and stopped["error"].startswith("not started")
@@ -106,5 +107,5 @@ def test_a_job_of_a_stopping_sweep_does_not_start_and_says_so(monkeypatch, tmp_p
     (job_dir / "results.json").write_text("{}")
     assert not sweeps.not_started(cfg) and not (job_dir / "stopped.json").exists()
     (job_dir / "results.json").unlink()
-    (tmp_path / "sweep" / sweeps.STOPPING).unlink()
+    (tmp_path / "sweep" / STOPPING).unlink()
     assert not sweeps.not_started(cfg)  # not stopping

@@ -8,15 +8,9 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigAttributeError, ValidationError
 
-from heads_lab.config import (
-    AttentionKind,
-    ModelConfig,
-    Norm,
-    SyntheticDataConfig,
-    WandbConfig,
-    to_object,
-    validate,
-)
+from heads_lab.config.compose import to_object
+from heads_lab.config.schemas import AttentionKind, ModelConfig, Norm, SyntheticDataConfig, WandbConfig
+from heads_lab.config.validate import validate
 from heads_lab.errors import ConfigError
 from tests.conftest import compose
 
@@ -123,7 +117,7 @@ def test_every_experiment_preset_composes_and_validates(preset):
 
 
 def test_a_config_written_before_new_settings_stands_for_their_old_behaviour():
-    from heads_lab.config import written_before
+    from heads_lab.config.compose import written_before
 
     old = {"model.attention": "mha", "model.heads": 8, "trainer.max_steps": 1000}
     assert written_before(old) == {"data.train_fraction": 1.0, "eval.checkpoint": "last"}

@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from heads_lab.config import AttentionKind, ModelConfig, Norm
-from heads_lab.cost import Lengths, account, attention_activation_bytes, parameter_count
+from heads_lab.config.cost import Lengths, account, attention_activation_bytes, parameter_count
+from heads_lab.config.schemas import AttentionKind, ModelConfig, Norm
 from heads_lab.model import Transformer, count_parameters, label_smoothed_loss
 
 TH = AttentionKind.talking_heads
@@ -140,7 +140,7 @@ def test_attention_activation_memory_is_what_autograd_keeps(variant, dropout):
 
 _REUSED_WORKER = """
 import gc, json, torch
-from heads_lab.cost import PeakMemory
+from heads_lab.training.device import PeakMemory
 
 def rss():
     with open("/proc/self/status") as f:

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from heads_lab.config.schemas import CleaningConfig, HFDataConfig, Multi30kDataConfig
+from heads_lab.config.validate import check_sacrebleu_test
 from heads_lab.data import prepare, sources, testsets
 from heads_lab.errors import ConfigError, DataError
-from heads_lab.schemas import CleaningConfig, HFDataConfig, Multi30kDataConfig
 from tests.unit.test_data_sources import _sentences
 
 datasets = pytest.importorskip("datasets")
@@ -111,10 +112,10 @@ def test_multi30k_from_the_shared_data(tmp_path, src, tgt, test):
 
 def test_sacrebleu_test_sets_are_checked_and_loaded(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="'wmt99' is not a sacrebleu test set"):
-        testsets.check("wmt99", "en", "de")
+        check_sacrebleu_test("wmt99", "en", "de")
     with pytest.raises(ConfigError, match="wmt14 has no en-xx"):
-        testsets.check("wmt14", "en", "xx")
-    testsets.check("wmt14", "en", "de")
+        check_sacrebleu_test("wmt14", "en", "xx")
+    check_sacrebleu_test("wmt14", "en", "de")
 
     import sacrebleu.utils
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from heads_lab.config.schemas import CleaningConfig, TextFilesDataConfig
 from heads_lab.data import prepare
 from heads_lab.data.cleaning import normalize
 from heads_lab.errors import ConfigError, DataError
-from heads_lab.schemas import CleaningConfig, TextFilesDataConfig
 
 WORDS = "a small dog runs over the green grass while two children watch from the old bench".split()
 

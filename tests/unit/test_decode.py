@@ -7,10 +7,10 @@ import itertools
 import pytest
 import torch
 
-from heads_lab.config import ModelConfig
+from heads_lab.config.schemas import ModelConfig
 from heads_lab.data.tokenizer import BOS, EOS
-from heads_lab.decode import beam_search, greedy, top_k
 from heads_lab.model import Transformer
+from heads_lab.model.decode import beam_search, greedy, top_k
 
 
 def _model(vocab: int = 30, seed: int = 0) -> Transformer:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from heads_lab.config import ModelConfig
-from heads_lab.device import autocast
+from heads_lab.config.schemas import ModelConfig
 from heads_lab.model import MultiHeadAttention, Transformer
 from heads_lab.model.dropout import dropout, keep_mask
+from heads_lab.training.device import autocast
 
 CPU = torch.device("cpu")
 

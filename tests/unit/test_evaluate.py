@@ -10,10 +10,10 @@ import sacrebleu
 import torch
 import torch.nn.functional as F
 
-from heads_lab.config import ModelConfig
+from heads_lab.config.schemas import ModelConfig
 from heads_lab.data.batching import Split, collate
-from heads_lab.evaluate import perplexity, score
 from heads_lab.model import Transformer
+from heads_lab.training.evaluate import perplexity, score
 
 HYPS = ["The cat sat on the mat.", "A dog barked at the moon!", "Nothing here"]
 REFS = ["The cat sat on the mat.", "The dog barked at the moon.", "Something else entirely"]
@@ -56,8 +56,8 @@ def test_perplexity_equals_padded_cross_entropy():
 def test_translate_returns_hypotheses_in_the_split_order(monkeypatch):
     """Decoding runs in length-sorted batches; the output must come back in the split's order.
     With a decoder that copies its source, the translations are the sources themselves."""
-    from heads_lab.config import EvalConfig
-    from heads_lab.evaluate import translate
+    from heads_lab.config.schemas import EvalConfig
+    from heads_lab.training.evaluate import translate
 
     def copy_source(model, src, *args):
         return [[int(t) for t in row if t > 3] for row in src]
@@ -66,7 +66,7 @@ def test_translate_returns_hypotheses_in_the_split_order(monkeypatch):
         def decode(self, ids):
             return [" ".join(map(str, row)) for row in ids]
 
-    monkeypatch.setattr("heads_lab.evaluate.decode_batch", copy_source)
+    monkeypatch.setattr("heads_lab.training.evaluate.decode_batch", copy_source)
     rng = np.random.default_rng(0)
     src = [rng.integers(4, 50, rng.integers(1, 15)).astype(np.int32) for _ in range(53)]
     split = Split([""] * 53, [""] * 53, src, src)

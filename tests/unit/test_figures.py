@@ -15,7 +15,7 @@ import matplotlib.image as mpimg
 import numpy as np
 import pytest
 
-from heads_lab import figures
+from heads_lab.output import figures
 
 NASTY = '<b>&"x'  # must not break the page
 SRC = ["▁The", "▁cat", NASTY, "$a$", "</script>", "</s>"]
@@ -245,7 +245,7 @@ def test_bertviz_head_view_passes_per_layer_tensors(tmp_path, monkeypatch):
 def _ppl_tick_labels(tmp_path, monkeypatch, ppls):
     import matplotlib.pyplot as plt
 
-    from heads_lab.prune import plot_curves
+    from heads_lab.commands.prune import plot_curves
 
     kept = []
     monkeypatch.setattr(plt, "close", kept.append)  # keep the figure to read its axes back

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from heads_lab.config import AttentionKind, ModelConfig
+from heads_lab.config.schemas import AttentionKind, ModelConfig
 from heads_lab.errors import ConfigError
 from heads_lab.model import MultiHeadAttention, TalkingHeadsAttention, Transformer
 
@@ -295,7 +295,7 @@ def test_every_head_is_in_use_at_the_start_unless_identity_is_forced(heads, head
 def test_each_mix_is_started_by_its_own_shape_and_the_config_reaches_every_layer():
     """h_K = h ≠ h_V: P_l square (identity), P_w rectangular (normal). Forcing identity through
     ModelConfig changes only the mixes: every other parameter is drawn the same."""
-    from heads_lab.choices import MixInit
+    from heads_lab.config.choices import MixInit
 
     half = TalkingHeadsAttention(D, 4, 6, heads_k=4, heads_v=8)
     assert torch.equal(half.logits_mix, torch.eye(4))
@@ -359,12 +359,12 @@ def test_relative_position_bias_equals_float64_einsum(case, kv_heads):
     torch.testing.assert_close(w, weights)
     torch.testing.assert_close(y, expected)
     torch.testing.assert_close(attn(x, mask=mask, causal=causal)[0], expected)  # bmm kernel
-    fast = attention._bmm_is_faster
+    fast = attention.bmm_is_faster
     try:
-        attention._bmm_is_faster = lambda q, k: False
+        attention.bmm_is_faster = lambda q, k: False
         torch.testing.assert_close(attn(x, mask=mask, causal=causal)[0], expected)  # fused
     finally:
-        attention._bmm_is_faster = fast
+        attention.bmm_is_faster = fast
 
 
 def test_relative_positions_bias_self_attention_only_and_start_at_zero():
@@ -402,7 +402,7 @@ def test_cross_attention_of_beams_equals_attention_over_the_repeated_memory(vari
 
 
 def test_head_labels_count_their_heads():
-    from heads_lab.variants import variant
+    from heads_lab.config.variants import variant
 
     def label(**model):
         return variant(ModelConfig(**model), "enc-self").label(ModelConfig(**model))
@@ -417,9 +417,9 @@ def test_the_variant_registries_agree():
     """One name per attention variant in every registry: the config's Enum, the variants table
     (costs, kinds, checks), the model's modules (and each module's own `variant`), and the bench
     rows each variant declares."""
+    from heads_lab.config.schemas import AttentionKind
+    from heads_lab.config.variants import VARIANTS
     from heads_lab.model.attention import MODULES
-    from heads_lab.schemas import AttentionKind
-    from heads_lab.variants import VARIANTS
 
     names = {k.value for k in AttentionKind}
     assert names == set(VARIANTS) == set(MODULES)

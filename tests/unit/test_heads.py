@@ -11,10 +11,12 @@ import pytest
 import torch
 
 from heads_lab.analysis import head_importance, importance_by_kind
-from heads_lab.config import AttentionKind, ModelConfig
+from heads_lab.config.schemas import AttentionKind, ModelConfig
+from heads_lab.config.variants import out_heads
 from heads_lab.data import Split
 from heads_lab.errors import ConfigError
-from heads_lab.heads import (
+from heads_lab.model import Transformer
+from heads_lab.model.heads import (
     HardConcreteGates,
     apply_kept,
     attach_gates,
@@ -29,9 +31,7 @@ from heads_lab.heads import (
     parse_head_mask,
     remove_heads,
 )
-from heads_lab.model import Transformer
-from heads_lab.train import adam
-from heads_lab.variants import out_heads
+from heads_lab.training.loop import adam
 
 VOCAB = 40
 

@@ -11,10 +11,10 @@ import torch
 from torch import nn
 
 from heads_lab.analysis import lrp
-from heads_lab.config import to_object
+from heads_lab.config.compose import to_object
 from heads_lab.data import Split
-from heads_lab.heads import attention_modules
 from heads_lab.model import Transformer
+from heads_lab.model.heads import attention_modules
 from tests.conftest import TINY, compose
 
 VARIANTS = {
@@ -122,7 +122,7 @@ def test_a_logit_that_depends_on_one_head_gives_that_head_relevance_one(extra):
 
 
 def test_masked_heads_get_no_relevance_and_relevance_is_still_conserved():
-    from heads_lab.heads import masked
+    from heads_lab.model.heads import masked
 
     model = _model([])
     modules = attention_modules(model)

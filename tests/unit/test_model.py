@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from heads_lab.config import ModelConfig, Norm
-from heads_lab.heads import recording
+from heads_lab.config.schemas import ModelConfig, Norm
 from heads_lab.model import Transformer, label_smoothed_loss, output_loss
+from heads_lab.model.heads import recording
 
 V = 40
 
@@ -169,7 +169,7 @@ def test_fused_output_loss_matches_logits_then_cross_entropy_in_float64(chunk):
 
 def test_model_loss_trains_through_the_fused_path_like_the_plain_one_under_bf16():
     """Model.loss (fused, chunked) against logits + label_smoothed_loss, fp32 and bf16."""
-    from heads_lab.device import autocast
+    from heads_lab.training.device import autocast
 
     torch.manual_seed(4)
     model = _model(heads=4).float()

@@ -17,8 +17,8 @@ from heads_lab.analysis import analyze, read_conllu, word_spans, words_to_subwor
 from heads_lab.analysis.syntax import subword_spans, treebank_split
 from heads_lab.data import Corpus, Split
 from heads_lab.data.tokenizer import EOS, Tokenizer, train_tokenizer
-from heads_lab.heads import planted
 from heads_lab.model import Transformer
+from heads_lab.model.heads import planted
 from tests.conftest import TINY, compose
 
 ROWS = [  # id, form, head, relation; "a-b" a multiword token
@@ -69,7 +69,7 @@ def setup(tmp_path_factory):
     run = compose([*TINY, "model.heads=4", "model.encoder_layers=2", "analysis.min_arcs=5",
                    "analysis.rare_top_k=null", f"analysis.treebank={treebank}",
                    "analysis.max_sentences=null"])
-    from heads_lab.config import to_object
+    from heads_lab.config.compose import to_object
 
     run = to_object(run)
     torch.manual_seed(0)

@@ -7,7 +7,7 @@ import logging
 import numpy as np
 import torch
 
-from heads_lab.progress import Steps, clock, steps
+from heads_lab.output.progress import Steps, clock, steps
 
 
 class Clock:
@@ -20,7 +20,7 @@ class Clock:
 
 def test_a_line_at_most_every_interval_with_elapsed_and_eta(monkeypatch, caplog):
     fake = Clock()
-    monkeypatch.setattr("heads_lab.progress.time.monotonic", fake)
+    monkeypatch.setattr("heads_lab.output.progress.time.monotonic", fake)
     log = logging.getLogger("test.progress")
     with caplog.at_level(logging.INFO, logger="test.progress"):
         counter = Steps("LRP relevance", 10, log, every_s=30, unit="sentences")
@@ -45,9 +45,9 @@ def test_short_work_stays_quiet_and_the_wrapper_yields_every_item(caplog):
 def test_maps_of_a_long_run_report_their_progress(monkeypatch, caplog):
     """collect_maps logs where it is (every_s patched to 0: a line per batch)."""
     from heads_lab.analysis import collect_maps
+    from heads_lab.config.schemas import ModelConfig
     from heads_lab.data import Split
     from heads_lab.model import Transformer
-    from heads_lab.schemas import ModelConfig
 
     monkeypatch.setattr(Steps.__init__, "__defaults__", (0.0, ""))  # every_s = 0
     torch.manual_seed(0)

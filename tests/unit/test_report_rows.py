@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from heads_lab.report import NOT_APPLICABLE, Run, base_row, group, model_shape, render
+from heads_lab.commands.report import render
+from heads_lab.commands.report_rows import NOT_APPLICABLE, Run, base_row, group, model_shape
 
 
 def _run(seed: int, **model) -> Run:
@@ -66,7 +67,7 @@ def test_a_config_without_head_counts_has_no_shape_and_is_shown_as_written():
 
 
 def test_the_quality_plot_draws_a_line_per_attention_kind_against_h():
-    from heads_lab.report import curves
+    from heads_lab.commands.report import curves
 
     runs = ([_run(1, heads=h) for h in (16, 4, 8)]
             + [_run(1, attention="talking_heads", heads=h) for h in (8, 4)])
@@ -92,7 +93,7 @@ def _talking(seed: int, heads_k: int, overrides: list[str]) -> Run:
 def test_the_swept_setting_orders_the_rows_and_is_the_x_axis_where_others_follow_from_it():
     """talking_heads_kv sweeps h_K; d_k = d_model / h_K and h_V = h_K follow. Its base row h_K = 8
     is another preset's runs (talking_heads_h, swept on model.heads)."""
-    from heads_lab.report import curves
+    from heads_lab.commands.report import curves
 
     kv = [_talking(s, k, ["+experiment=talking_heads_kv", f"model.heads_k={k}"])
           for s in (1, 2) for k in (16, 2, 4)]
@@ -115,7 +116,7 @@ def test_the_swept_setting_orders_the_rows_and_is_the_x_axis_where_others_follow
 
 
 def test_no_x_axis_where_a_second_number_varies_on_its_own():
-    from heads_lab.report import curves
+    from heads_lab.commands.report import curves
 
     # two swept numbers (a grid): no single x
     grid = [_run(1, heads=h, kv_heads=k) for h in (4, 8) for k in (1, 2)]
@@ -138,7 +139,7 @@ def test_an_older_rectangular_talking_heads_run_is_its_own_row_with_the_start_it
     (read back so), not as today's default; a square run's start is today's default (one row)."""
     import json
 
-    from heads_lab.report import collect
+    from heads_lab.commands.report_rows import collect
 
     def write(name, seed, heads, **model):
         run = tmp_path / name

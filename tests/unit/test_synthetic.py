@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from heads_lab.config import SyntheticDataConfig
+from heads_lab.config.schemas import SyntheticDataConfig
 from heads_lab.data import synthetic as syn
 
 CFG = SyntheticDataConfig(train_size=1500, valid_size=100, test_size=150)

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from heads_lab.config import ModelConfig, TrainerConfig
+from heads_lab.config.schemas import ModelConfig, TrainerConfig
 from heads_lab.data.batching import Split, epoch_batches
 from heads_lab.model import Transformer
-from heads_lab.train import inverse_sqrt, train
+from heads_lab.training.loop import inverse_sqrt, train
 
 CPU = torch.device("cpu")
 
@@ -120,7 +120,7 @@ def test_compiled_training_follows_eager_training_and_keeps_the_checkpoint_keys(
 
 
 def test_bf16_is_refused_on_a_cpu_without_native_bf16(monkeypatch):
-    import heads_lab.device as device
+    import heads_lab.training.device as device
     from heads_lab.errors import ConfigError
 
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
@@ -159,8 +159,8 @@ class _Clock:
 
 def test_a_time_budget_stops_after_the_update_that_spends_it_and_resumes_with_more(
         monkeypatch, tmp_path):
-    from heads_lab import train as train_module
-    from heads_lab.checkpoint import Checkpoints
+    from heads_lab.training import loop as train_module
+    from heads_lab.training.checkpoint import Checkpoints
 
     monkeypatch.setattr(train_module, "time", _Clock())
     split = _split(40)
@@ -184,7 +184,7 @@ def test_a_time_budget_stops_after_the_update_that_spends_it_and_resumes_with_mo
 
 
 def test_patience_stops_after_that_many_validations_without_a_new_best(monkeypatch):
-    from heads_lab import train as train_module
+    from heads_lab.training import loop as train_module
 
     losses = iter([3.0, 2.0, 2.5, 2.1, 2.2, 1.0, 0.5])  # best at the 2nd validation, then worse
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from heads_lab.sites import SITES, present
+from heads_lab.config.sites import SITES, present
 
 FUNCTIONS = ("positional", "syntactic", "rare", "other")
 FUNCTION_COLOURS = {"positional": "#4c72b0", "syntactic": "#55a868", "rare": "#c44e52",
@@ -34,10 +34,10 @@ ANNOTATE_DISTANCE_HEADS = 8  # head×head matrices hold heads² cells: values on
 
 
 def _pyplot():
-    import matplotlib
+    import matplotlib  # lazy: start-up time (matplotlib)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: start-up time (matplotlib)
 
     return plt
 
@@ -134,8 +134,8 @@ def metric_grids(grids: Mapping[str, Mapping[str, Sequence[Sequence[float | None
     """heads_<metric>.png per metric: one layer×head heatmap per site, one colour scale per
     metric, grey cells where nothing was measured (None or NaN); `titles` (metric → site →
     panel title) say which heads a panel shows."""
-    import matplotlib.colors as mcolors
-    from matplotlib import colormaps
+    import matplotlib.colors as mcolors  # lazy: start-up time (matplotlib)
+    from matplotlib import colormaps  # lazy: start-up time (matplotlib)
 
     plt = _pyplot()
     out_dir = Path(out_dir)
@@ -177,8 +177,8 @@ def function_map(functions: Mapping[str, Sequence[Sequence[str]]], out_dir: Path
     letter, one layer×head panel per site, as in Voita et al.'s figures; with `offsets`
     (site → layer × head), positional heads also show their relative offset; `titles` (site →
     panel title) name the heads' kind."""
-    import matplotlib.colors as mcolors
-    from matplotlib.patches import Patch
+    import matplotlib.colors as mcolors  # lazy: start-up time (matplotlib)
+    from matplotlib.patches import Patch  # lazy: start-up time (matplotlib)
 
     plt = _pyplot()
     sites = present(functions)
@@ -223,8 +223,8 @@ def distance_matrices(distances: Mapping[str, Sequence[Sequence[float]]],
     layer's mean distance between its own heads, a line per site); a figure whose input has no
     site is not written. The layer count of a site is len(diversity[site]) (else one).
     `titles` (site → name) name the heads' kind."""
-    import matplotlib.colors as mcolors
-    from matplotlib import colormaps
+    import matplotlib.colors as mcolors  # lazy: start-up time (matplotlib)
+    from matplotlib import colormaps  # lazy: start-up time (matplotlib)
 
     plt = _pyplot()
     out_dir = Path(out_dir)
@@ -292,7 +292,7 @@ def head_map(coords: Mapping[str, Sequence[Sequence[float]]], layers: Mapping[st
     sites = present(coords)
     if not sites:
         raise ValueError("head_map: no site has coordinates")
-    from matplotlib import colormaps
+    from matplotlib import colormaps  # lazy: start-up time (matplotlib)
 
     most = max(layers[site] for site in sites)
     cmap = colormaps["viridis"]
@@ -346,5 +346,5 @@ def attention_heatmap(weights, query_tokens: Sequence[str], key_tokens: Sequence
     return _save(fig, Path(path))
 
 
-# the head view moved to heads_lab.head_view; kept here for callers
-from heads_lab.head_view import bertviz_head_view, head_view_html  # noqa: E402, F401
+# the head view moved to heads_lab.output.head_view; kept here for callers
+from heads_lab.output.head_view import bertviz_head_view, head_view_html  # noqa: E402, F401

@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from heads_lab.config import RESUMABLE_CHANGES, TrainerConfig, is_among, written_before
+from heads_lab.config.compose import RESUMABLE_CHANGES, is_among, written_before
+from heads_lab.config.schemas import TrainerConfig
 from heads_lab.errors import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -219,7 +220,8 @@ def _check_same_run(saved: dict[str, Any], current: dict[str, Any], path: Path) 
     not have was added by a newer heads-lab after it was written: most new settings default to
     the old behaviour, so it resumes, with a warning naming it; where the default changed what
     the run did (config.written_before), the run must name its old value."""
-    from heads_lab.tracking import flatten
+    # lazy: start-up time (rich), kept out of the bench's peak-RSS child processes
+    from heads_lab.output.tracking import flatten
 
     old, new = flatten(saved), flatten(current)
     before = written_before(old)

@@ -11,22 +11,30 @@ import random
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 import torch
 
-from heads_lab import checkpoint
-from heads_lab.checkpoint import Checkpoints
-from heads_lab.config import TrainerConfig
+from heads_lab.config.schemas import TrainerConfig
 from heads_lab.data import Split, collate, epoch_batches
-from heads_lab.device import autocast
-from heads_lab.errors import CheckpointError, HeadsLabError
-from heads_lab.evaluate import perplexity
+from heads_lab.errors import CheckpointError
 from heads_lab.model import Transformer
-from heads_lab.parallel import Parallel, is_peer_failure
+from heads_lab.training import checkpoint
+from heads_lab.training.checkpoint import Checkpoints
+from heads_lab.training.device import autocast
+from heads_lab.training.evaluate import perplexity
+from heads_lab.training.parallel import Parallel, is_peer_failure
+from heads_lab.training.state import (
+    Diverged,
+    ExtraLoss,
+    PeerLost,
+    Preempted,
+    TrainResult,
+    TrainState,
+    empty_window,
+)
 
 log = logging.getLogger(__name__)
 
@@ -46,85 +54,6 @@ def inverse_sqrt(warmup: int) -> Callable[[int], float]:
         return min(step / warmup, math.sqrt(warmup / step))
 
     return factor
-
-
-@dataclass
-class TrainResult:
-    steps: int
-    epochs: float
-    train_loss: float  # label-smoothed loss per target token over the last log interval
-    tokens: int  # target tokens trained on
-    train_seconds: float
-    tokens_per_s: float
-    valid: dict[str, float]  # last validation: loss (NLL per token) and ppl
-    history: list[dict[str, float]]
-    skipped_steps: int = 0  # updates skipped for a non-finite loss or gradient
-    resumed_from: int | None = None  # the step of the checkpoint this run continued from
-    stopped_by: str = "max_steps"  # what ended training: max_steps, max_epochs, max_time, patience
-    best_step: int | None = None  # the step of the best validation loss (checkpoints/best.pt)
-
-
-@dataclass
-class TrainState:
-    """Where training stands: everything besides model/optimizer/schedule/RNG that a resumed
-    run needs to continue exactly (it is saved in every checkpoint)."""
-
-    step: int = 0
-    epoch: int = 0
-    update: int = 0  # the next update's index in this epoch's batch order
-    tokens: int = 0
-    train_seconds: float = 0.0
-    last_loss: float = float("nan")
-    window: dict[str, float] = field(default_factory=lambda: _empty_window())
-    history: list[dict[str, float]] = field(default_factory=list)
-    valid: dict[str, float] = field(default_factory=dict)
-    best_valid: float = math.inf
-    best_step: int | None = None
-    skipped: int = 0
-    bad_in_row: int = 0
-    since_best: int = 0  # validations since the last new best (trainer.patience)
-
-
-class Preempted(HeadsLabError):
-    """A stop signal arrived; a checkpoint was saved and the run can be resumed."""
-
-    def __init__(self, signal_name: str, step: int, path: Path | None):
-        where = f"checkpoint {path}" if path else "no checkpoint (checkpoints are off)"
-        self.stopped = f"stopped by {signal_name} at step {step}; saved {where}"
-        super().__init__(f"{self.stopped}; run the same command with hydra.run.dir=<this run dir> "
-                         "to resume")
-        self.signal_name = signal_name
-
-
-class PeerLost(HeadsLabError):
-    """A data-parallel peer died, froze past trainer.dist_timeout_s or lost its connection."""
-
-    def __init__(self, step: int, rank: int, world: int, err: BaseException, last: Path | None):
-        cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        cause = cause.split("] ", 1)[-1].split(". ")[0]  # no source location, no advice
-        saved = f"; the newest checkpoint is {last}" if last else ""
-        super().__init__(f"data-parallel training stopped at step {step} (rank {rank} of {world}): "
-                         f"a peer was lost: {cause[:300]}{saved}; run the same command on every "
-                         "node again to resume")
-
-
-class Diverged(HeadsLabError):
-    """Too many non-finite steps in a row."""
-
-
-def _empty_window() -> dict[str, float]:
-    return {"loss": 0.0, "nll": 0.0, "tokens": 0, "seconds": 0.0}
-
-
-class ExtraLoss(Protocol):
-    """A term added to the loss once per update (Hard Concrete gates' λ·L0): its value, the
-    metrics it logs, and its parameters with their own learning rates."""
-
-    def loss(self) -> torch.Tensor: ...
-
-    def metrics(self) -> dict[str, float]: ...
-
-    def param_groups(self, lr: float) -> list[tuple[list[torch.nn.Parameter], float]]: ...
 
 
 def adam(model: torch.nn.Module, lr: float, betas: tuple[float, float], eps: float,
@@ -166,7 +95,7 @@ def train(
     With `checkpoints`, save every trainer.save_every steps and at the end, and (resume=auto)
     continue from the newest valid checkpoint. `stop_requested()` returning a signal name makes
     the loop save a checkpoint after the current update and raise Preempted. With `parallel`,
-    this process is one rank of a data-parallel group (see heads_lab.parallel). `extra` is a
+    this process is one rank of a data-parallel group (see heads_lab.training.parallel). `extra` is a
     term added to the loss once per update (its parameters are the model's too)."""
     return Trainer(model, train_split, valid_split, cfg, seed, device, on_log, checkpoints,
                    stop_requested, parallel, extra).run()
@@ -310,7 +239,7 @@ class Trainer:
             "train/epoch": p.epoch + p.update / n_updates,
             **(self.extra.metrics() if self.extra is not None else {}),
         })
-        p.window = _empty_window()
+        p.window = empty_window()
 
     def after_update(self) -> None:
         """Validate, honour a stop signal (checkpoint, then Preempted) and save on schedule."""

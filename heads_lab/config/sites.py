@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from heads_lab.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class Site:
@@ -61,8 +63,6 @@ def parse_head_mask(spec: str, counts: dict[tuple[str, int], int]) -> HeadSet:
     enc (enc-self), dec (dec-self), dec-enc (cross); layer and head are 0-based ints or *;
     items separated by commas (quote them on a Hydra command line) or +. `counts`: heads per
     (site, layer). A bad item is a ConfigError naming it and the choices."""
-    from heads_lab.errors import ConfigError
-
     out: HeadSet = {}
     for item in filter(None, (s.strip() for s in re.split(r"[,+\s]", spec))):
         parts = item.split(":")
@@ -82,8 +82,6 @@ def parse_head_mask(spec: str, counts: dict[tuple[str, int], int]) -> HeadSet:
 
 
 def _pick(text: str, choices: list[int], what: str, item: str) -> list[int]:
-    from heads_lab.errors import ConfigError
-
     if text == "*":
         return choices
     if not re.fullmatch(r"\d+", text) or int(text) not in choices:

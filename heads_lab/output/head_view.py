@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from heads_lab.files import write_atomic
-from heads_lab.sites import SITE, present
+from heads_lab.config.sites import SITE, present
+from heads_lab.output.files import write_atomic
 
 DATA_ID = "heads-lab-data"  # id of the JSON block in head_view_html's page
 TEMPLATE = Path(__file__).parent / "templates" / "head_view.html"
@@ -82,8 +82,8 @@ def bertviz_head_view(attention: Mapping[str, Any], src_tokens: Sequence[str],
     BertViz takes one layer range for all sites: with unequal depths the shallower one wins.
     Its page loads require.js and d3 from a CDN; head_view_html needs no network."""
     try:
-        import bertviz
-        import torch
+        import bertviz  # lazy: optional dependency (bertviz, not installed by default)
+        import torch  # lazy: start-up time (torch); bertviz takes torch tensors
     except ImportError:
         return None
     arrays = _attention_arrays(attention, src_tokens, tgt_tokens)

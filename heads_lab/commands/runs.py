@@ -12,6 +12,8 @@ from typing import Any
 
 import yaml
 
+from heads_lab.config.compose import cache_dir, compose, expand_sweeps, to_dict, to_object
+from heads_lab.config.validate import validate
 from heads_lab.errors import CheckpointError, ConfigError
 
 log = logging.getLogger(__name__)
@@ -43,8 +45,6 @@ class Command:
     def parse(self, args: list[str]) -> tuple[Path, list[list[str]]] | int:
         """(run dir, the overrides of each job), or the exit code of a help request. A setting
         outside `allowed` is a ConfigError naming it, what may change and the usage."""
-        from heads_lab.config import expand_sweeps
-
         if not args or args[0] in ("-h", "--help"):
             print(f"usage: {self.usage}\n\n{self.doc}")
             return 0 if args else 2
@@ -76,8 +76,6 @@ def open_run(command: Command, args: list[str], average_last: int | None = 1):
 def compose_run(run_dir: Path, overrides: list[str]):
     """(composed config, validated run config) of a train run dir: its saved overrides
     (.hydra/overrides.yaml) followed by `overrides`."""
-    from heads_lab.config import compose, to_object, validate
-
     if not run_dir.is_dir():
         raise CheckpointError(f"no run dir {run_dir}; give the dir of a heads-lab train run")
     saved = run_dir / ".hydra" / "overrides.yaml"
@@ -107,14 +105,15 @@ def load(run_dir: Path, overrides: list[str], average_last: int | None = 1) -> T
     element-wise mean of the newest `average_last` (None: the run's eval.average_last; corrupt
     ones skipped with a warning). A
     model trained with head gates gets them back (they decide which heads count)."""
-    import torch
+    import torch  # lazy: start-up time (torch)
 
-    from heads_lab import checkpoint
-    from heads_lab.config import cache_dir, to_dict
-    from heads_lab.data import prepare
-    from heads_lab.device import check_precision, resolve_device, resolve_precision
-    from heads_lab.heads import install_gates
-    from heads_lab.model import Transformer
+    from heads_lab.data import prepare  # lazy: start-up time (torch)
+    from heads_lab.model import Transformer  # lazy: start-up time (torch)
+    from heads_lab.model.heads import install_gates  # lazy: start-up time (torch)
+    from heads_lab.training import checkpoint  # lazy: start-up time (torch)
+
+    # lazy: start-up time (torch)
+    from heads_lab.training.device import check_precision, resolve_device, resolve_precision
 
     cfg, run = compose_run(run_dir, overrides)
     average_last = run.eval.average_last if average_last is None else average_last

@@ -11,16 +11,11 @@ source keys/values are projected once per sentence, and the encoder runs once pe
 
 from __future__ import annotations
 
-import ctypes
-import gc
-import os
-import resource
-import time
 from dataclasses import dataclass
 
-from heads_lab.schemas import ModelConfig, Norm
-from heads_lab.sites import SITE, SITES, layers
-from heads_lab.variants import variant
+from heads_lab.config.schemas import ModelConfig, Norm
+from heads_lab.config.sites import SITE, SITES, layers
+from heads_lab.config.variants import variant
 
 
 @dataclass
@@ -120,78 +115,3 @@ def account(cfg: ModelConfig, vocab: int, lengths: Lengths | None = None) -> dic
                                              size[SITE[site].key]) for site in SITES
         },
     }
-
-
-def release_freed_memory() -> None:
-    """Hand memory that the process has freed back to the OS: glibc keeps freed heap blocks
-    resident (a finished 24+24-layer job left ~1.5 GB in its reused joblib worker), so without this
-    a worker's resident set at a job's start still holds the previous job's freed memory."""
-    gc.collect()
-    try:
-        ctypes.CDLL(None).malloc_trim(0)  # glibc only; elsewhere there is nothing to trim
-    except (OSError, AttributeError):
-        pass
-
-
-class PeakMemory:
-    """Peak memory of a stretch of work: CUDA allocations on a GPU, else the process's peak
-    resident set (reset at start where Linux allows, after the memory freed by earlier work is
-    handed back, so a sweep's later jobs in a reused worker are measured alone)."""
-
-    def __init__(self, device):
-        import torch
-
-        self.device = device
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        else:
-            release_freed_memory()
-            try:  # "5": reset the peak RSS (VmHWM) to the current RSS
-                with open("/proc/self/clear_refs", "w") as f:
-                    f.write("5")
-            except OSError:
-                pass
-
-    def mb(self) -> float:
-        if self.device.type == "cuda":
-            import torch
-
-            return torch.cuda.max_memory_allocated(self.device) / 2**20
-        if os.path.exists("/proc/self/status"):
-            with open("/proc/self/status") as f:
-                for line in f:
-                    if line.startswith("VmHWM:"):
-                        return int(line.split()[1]) / 1024  # kB
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-# the matmul ceiling's shapes: on CPU large ones and the bench model's own; on CUDA large ones
-CEILING_SHAPES = ((2048, 1024, 1024), (1024, 2048, 2048), (1280, 256, 1024), (1280, 1024, 256),
-                  (1280, 256, 768), (1280, 8000, 256), (256, 1280, 8000))
-CUDA_CEILING_SHAPES = ((8192, 8192, 8192), (4096, 4096, 4096), (16384, 4096, 4096))
-
-
-def matmul_ceiling(dtype, reps: int = 10, device=None) -> float:
-    """GFLOP/s of the best of several matmuls, large ones and the bench model's own shapes
-    (on this CPU the cache-sized ones run fastest): this machine's ceiling for `dtype`. On CUDA,
-    large products on random data (8192³ and the like; fp32 as PyTorch's default, without TF32),
-    timed between synchronizes."""
-    import torch  # lazily, as the rest of this module: `heads-lab info` starts without torch
-
-    from heads_lab.device import synchronize
-
-    device = device or torch.device("cpu")
-    best = 0.0
-    shapes = CUDA_CEILING_SHAPES if device.type == "cuda" else CEILING_SHAPES
-    for m, k, n in shapes:
-        a = torch.randn(m, k, dtype=dtype, device=device)
-        b = torch.randn(k, n, dtype=dtype, device=device)
-        for _ in range(3):
-            a @ b
-        synchronize(device)
-        started = time.perf_counter()
-        for _ in range(reps):
-            a @ b
-        synchronize(device)
-        best = max(best, 2 * m * k * n * reps / (time.perf_counter() - started) / 1e9)
-    return best

@@ -24,10 +24,10 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import Tensor, nn
 
+from heads_lab.config.sites import SITES, HeadSet, format_heads, parse_head_mask  # noqa: F401 (re-export)
+from heads_lab.config.variants import VARIANTS
 from heads_lab.errors import ConfigError
 from heads_lab.model.attention import Attention
-from heads_lab.sites import SITES, HeadSet, format_heads, parse_head_mask  # noqa: F401 (re-export)
-from heads_lab.variants import VARIANTS
 
 # Kinds of heads. Multi-head attention (grouped/multi-query too) has one: a query head with its
 # softmax and its output ("head"). Talking heads have three, of different counts: h_K query/key

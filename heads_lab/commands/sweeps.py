@@ -9,12 +9,29 @@ import contextlib
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
+from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf.errors import OmegaConfBaseException
 
-from heads_lab import stops
-from heads_lab.errors import one_line
+from heads_lab.commands.sweep_signals import (
+    _ARM,
+    STOPPING,
+    SWEEP_PID_ENV,
+    WORKER_LAUNCHERS,
+    in_worker,
+    pass_on,
+    scheduler_handler,
+    signal_number,
+)
+from heads_lab.config.compose import compose, expand_sweeps, to_object
+from heads_lab.config.validate import validate
+from heads_lab.errors import ConfigError, HeadsLabError, finished_run, one_line
+from heads_lab.output.files import write_json
+from heads_lab.training import stops
 
 RERUN: list[str] = []
 SWEEP_KEYS_ENV = "HEADS_LAB_SWEEP_KEYS"
@@ -26,155 +43,10 @@ def is_multirun(overrides: list[str]) -> bool:
     return "-m" in overrides or "--multirun" in overrides
 
 
-# Launchers whose jobs run in worker processes of this command (hydra/launcher=local or joblib),
-# by their _target_, however chosen (command line, a preset's defaults, a user's config).
-WORKER_LAUNCHERS = ("hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher",)
-_ARM: list = []  # set by forward_stop_signals; called by CountFailures.on_multirun_start
-SWEEP_PID_ENV = "HEADS_LAB_SWEEP_PID"  # the sweep's own process, seen by its worker processes
-STOPPING = ".stopping"  # in the sweep dir while a stopping sweep waits for its jobs
-
-
-def children(pid: int) -> list[int]:
-    """The processes `pid` started itself (Linux /proc; elsewhere none): a sweep's workers, not
-    the processes those start (a wandb service, say)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(stat.parent.name))
-        except (OSError, IndexError, ValueError):
-            continue
-    return found
-
-
-def catches(pid: int, signum: int) -> bool:
-    """Whether process `pid` has a handler for `signum` (Linux /proc; elsewhere False): a
-    worker that would die of a stop signal (idle, or still starting) is not sent one."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-    for line in status.splitlines():
-        if line.startswith("SigCgt:"):
-            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
-    return False
-
-
-def start_resource_trackers() -> None:
-    """Start the helper processes joblib's workers need (loky's and multiprocessing's resource
-    trackers) now: each unblocks SIGINT in this thread when it starts, which would let Ctrl-C
-    reach workers that are not yet in a job (forward_stop_signals)."""
-    from multiprocessing import resource_tracker
-
-    from joblib.externals.loky.backend import resource_tracker as loky_tracker
-
-    for tracker in (loky_tracker, resource_tracker):
-        with contextlib.suppress(Exception):  # none here: the launcher starts it as before
-            tracker.ensure_running()
-
-
-def in_worker() -> bool:
-    """Whether this process runs jobs for a sweep's own process (a joblib worker)."""
-    pid = os.environ.get(SWEEP_PID_ENV)
-    return bool(pid) and pid != str(os.getpid())
-
-
-@contextlib.contextmanager
-def forward_stop_signals():
-    """A sweep whose jobs run in worker processes (WORKER_LAUNCHERS): SIGTERM or SIGUSR2 sent to
-    this process (`kill <pid>`, a batch system stopping the command), Ctrl-C, or a stop signal
-    that reached one worker's job goes on to every worker as SIGTERM (as SIGUSR2 for SIGUSR2);
-    the running jobs save a checkpoint and stop, and no further job starts (the sweep dir's
-    STOPPING file tells a worker still starting up). This process waits until every running job
-    has saved its checkpoint (a stopped job returns instead of raising: joblib kills all its
-    workers when a job raises, and used to kill the others mid-save), then exits 128 + the
-    signal, saying to run the same command with hydra.sweep.dir=<its dir> to resume (a default
-    sweep dir is new each time). A second Ctrl-C stops at once. The workers start with SIGINT
-    blocked, so that Ctrl-C from the terminal reaches this process only (a worker not yet in a
-    job would die of it, and joblib would then kill the others); only workers that catch
-    SIGTERM (those in a job, or past one) are sent it (Linux: /proc; elsewhere the workers
-    get Ctrl-C from the terminal, as before). The handlers go in once the sweep's
-    config says which launcher runs it (CountFailures.on_multirun_start)."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    received: list[int] = []
-    previous: dict = {}
-    sweep_dir: list[str] = []
-    wake, done = threading.Event(), threading.Event()
-    blocked: list = []
-
-    def forward() -> None:  # started before SIGINT is blocked: Ctrl-C is delivered to it
-        wake.wait()
-        onward = signal.SIGUSR2 if received and received[0] == signal.SIGUSR2 else signal.SIGTERM
-        sent: set[int] = set()
-        while not done.is_set():  # a worker in its job's first seconds catches it later
-            for pid in children(os.getpid()):
-                if pid not in sent and catches(pid, onward):
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.kill(pid, onward)
-                    sent.add(pid)
-            done.wait(0.1)
-
-    def handler(signum, frame):
-        if signum == signal.SIGINT and signal.SIGINT in received:
-            raise KeyboardInterrupt  # a second Ctrl-C: joblib kills the workers
-        received.append(signum)
-        if len(received) == 1:
-            print(f"{signal.Signals(signum).name} received: the running jobs save a checkpoint "
-                  "and stop; no further job starts", file=sys.stderr)
-            with contextlib.suppress(OSError):
-                Path(sweep_dir[0], STOPPING).write_text(signal.Signals(signum).name)
-            wake.set()
-
-    handler.stops_heads_lab = True  # not a scheduler's handler (scheduler_handler)
-    thread = threading.Thread(target=forward, daemon=True, name="heads-lab stop")
-
-    def arm(directory: str) -> None:
-        sweep_dir[:] = [directory]
-        os.environ[SWEEP_PID_ENV] = str(os.getpid())  # the workers learn they are workers
-        Path(directory, STOPPING).unlink(missing_ok=True)
-        previous.update({s: signal.signal(s, handler) for s in stops.stop_signal_numbers()
-                         if s not in previous})
-        if not blocked and Path("/proc/self/status").is_file():  # else Ctrl-C reaches them
-            thread.start()
-            start_resource_trackers()  # their start unblocks SIGINT again: start them first
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # workers inherit it
-            blocked.append(signal.SIGINT)
-
-    _ARM.append(arm)
-    try:
-        yield
-    except BaseException:  # the launcher gives up (a second Ctrl-C, a worker killed)
-        if not received:
-            raise
-    finally:
-        done.set()
-        wake.set()
-        _ARM.remove(arm)
-        os.environ.pop(SWEEP_PID_ENV, None)
-        if blocked:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)
-        for s, h in previous.items():
-            signal.signal(s, h)
-        if sweep_dir:
-            Path(sweep_dir[0], STOPPING).unlink(missing_ok=True)
-    if received:
-        print(f"error: sweep stopped by {signal.Signals(received[0]).name}: run the same "
-              f"command with hydra.sweep.dir={sweep_dir[0]} to resume (finished jobs are "
-              "skipped, stopped ones resume from their checkpoints)", file=sys.stderr)
-        raise SystemExit(128 + received[0])
-
-
 def refuse_finished_run_dir(overrides: list[str]) -> None:
     """An explicit `hydra.run.dir` holding a finished run fails before Hydra writes anything
     into it. An explicit `hydra.sweep.dir` may hold finished jobs of the same sweep (they are
     skipped), but not a finished run of any other config."""
-    from heads_lab.errors import finished_run
-
     sweep = is_multirun(overrides)
     key = "hydra.sweep.dir=" if sweep else "hydra.run.dir="
     for item in overrides:
@@ -211,8 +83,6 @@ def job_overrides(overrides: list[str]) -> list[list[str]]:
     """Every job's overrides, as Hydra's basic sweeper forms them: the command line's sweeps and
     the preset's hydra.sweeper.params (the command line wins for a key). Raises on sweep syntax
     only Hydra's sweeper understands."""
-    from heads_lab.config import compose, expand_sweeps
-
     plain = [o for o in overrides if not o.startswith("-")]
     try:
         params = compose([o for o in plain if "," not in o.split("=", 1)[-1]],
@@ -235,7 +105,7 @@ def sweep_jobs(overrides: list[str]) -> list[dict[str, str]] | None:
 def check_writable_run_dir(overrides: list[str]) -> None:
     """An explicit run or sweep dir that cannot be created fails in one line before Hydra
     tries (a path under a file, a read-only or full filesystem)."""
-    from heads_lab.runner import ensure_writable
+    from heads_lab.commands.train import ensure_writable  # lazy: start-up time (torch)
 
     for item in overrides:
         if item.startswith(("hydra.run.dir=", "hydra.sweep.dir=")):
@@ -246,12 +116,6 @@ def check_writable_run_dir(overrides: list[str]) -> None:
 def check_sweep(overrides: list[str]) -> None:
     """Compose and validate every job of a sweep before the first one starts: a bad value in
     one job fails at once, in one line naming the job, and nothing runs."""
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from heads_lab.config import compose, to_object, validate
-    from heads_lab.errors import ConfigError, HeadsLabError
-
     plain = [o for o in overrides if o not in ("-m", "--multirun")]
     if any(o.startswith("-") for o in plain):
         return  # other Hydra flags (--cfg, -c ...): leave them to Hydra
@@ -265,7 +129,8 @@ def check_sweep(overrides: list[str]) -> None:
             run = to_object(compose(job))
             validate(run)
             if str(run.trainer.precision) == "bf16":  # stop once, not once per job
-                from heads_lab.device import check_precision, resolve_device
+                # lazy: start-up time (torch)
+                from heads_lab.training.device import check_precision, resolve_device
 
                 check_precision(resolve_device(run.trainer.device), "bf16")
         except (HeadsLabError, HydraException, OmegaConfBaseException) as err:
@@ -278,8 +143,6 @@ def finished_job(run_dir: Path, hydra_cfg) -> float | None:
     are complete, so a crashed or timed-out sweep resumes where it stopped; unfinished jobs
     resume from their checkpoints. With --rerun a finished job's results, outputs and
     checkpoints move into <job dir>/previous-<time>/ and the job runs afresh."""
-    import time
-
     done = run_dir / "results.json"
     if not done.is_file():
         return None
@@ -302,10 +165,7 @@ def finished_job(run_dir: Path, hydra_cfg) -> float | None:
 def user_errors(hydra_cfg):
     """A user error inside a job: one line on stderr. A single run exits 2 at once; in a sweep
     the job is recorded as failed and the other jobs run (main() exits 2 at the end)."""
-    from hydra.types import RunMode
-
-    from heads_lab.errors import HeadsLabError
-    from heads_lab.train import Preempted
+    from heads_lab.training.state import Preempted  # lazy: start-up time (torch)
 
     try:
         yield
@@ -377,8 +237,6 @@ def not_started(hydra_cfg) -> bool:
 def record_stopped(run_dir: Path, signal_name: str, job: str, what: str) -> None:
     """A sweep job stopped by a signal in a worker process says so in its run dir (stopped.json),
     for `heads-lab report`."""
-    from heads_lab.files import write_json
-
     with contextlib.suppress(OSError):
         write_json(run_dir / "stopped.json", {"status": "stopped", "job": job,
                                               "signal": signal_name, "error": what})
@@ -387,44 +245,10 @@ def record_stopped(run_dir: Path, signal_name: str, job: str, what: str) -> None
 def record_failure(run_dir: Path, error: str, job: str) -> None:
     """A failed sweep job says so in its run dir (failed.json), for `heads-lab report` and for
     the sweep's exit code when the job ran in another process (joblib, submitit, SLURM)."""
-    from heads_lab.files import write_json
-
     try:
         write_json(run_dir / "failed.json", {"status": "failed", "job": job, "error": error})
     except OSError:
         pass
-
-
-def pass_on(signal_name: str) -> None:
-    """After heads-lab's own stop (checkpoint saved), a stop signal goes on to the handler that
-    was in place before training began, if it is a program's own: under submitit (SLURM) that
-    is its preemption handler, which requeues the job (USR2); the requeued job resumes from the
-    checkpoint. A plain command has no such handler and just stops."""
-    import signal
-
-    handler = scheduler_handler(signal_name)
-    if handler is not None:
-        owner = getattr(handler, "__self__", handler)
-        print(f"{signal_name} passed on to {type(owner).__module__}.{type(owner).__qualname__} (a "
-              "scheduler's handler: SLURM requeues the job, which resumes from the checkpoint)",
-              file=sys.stderr)
-        handler(signal.Signals[signal_name], None)
-
-
-def scheduler_handler(signal_name: str):
-    """The handler of `signal_name` that was in place before training began, if it is a
-    program's own (submitit's preemption handler under SLURM), else None."""
-    import signal
-
-    try:
-        signum = signal.Signals[signal_name]
-    except KeyError:  # "a signal on another rank"
-        return None
-    handler = signal.getsignal(signum)
-    if callable(handler) and handler is not signal.default_int_handler and \
-            not stops.caught_by_heads_lab(handler):  # a run's or a sweep's own
-        return handler
-    return None
 
 
 class CountFailures(Callback):
@@ -433,8 +257,6 @@ class CountFailures(Callback):
     say so in their failed.json; those written since the sweep started are this sweep's."""
 
     def on_multirun_start(self, config, **kwargs) -> None:
-        import time
-
         self.started = time.time() - 1  # file times may be coarser than time.time()
         if str(config.hydra.launcher.get("_target_", "")) in WORKER_LAUNCHERS:
             for arm in list(_ARM):  # forward_stop_signals: stop signals reach the workers
@@ -452,15 +274,6 @@ class CountFailures(Callback):
                 job = path.parent.name
             if job not in FAILED_JOBS:
                 FAILED_JOBS.append(job)
-
-
-def signal_number(name: str) -> int:
-    import signal
-
-    try:
-        return signal.Signals[name].value
-    except KeyError:
-        return signal.SIGTERM.value
 
 
 def prepare(overrides: list[str]) -> list[str]:

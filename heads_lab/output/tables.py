@@ -8,15 +8,17 @@ import io
 from pathlib import Path
 from typing import Any
 
-from heads_lab.files import write_atomic
+from rich.console import Console
+from rich.table import Table as Rich
+
+from heads_lab.output import tracking
+from heads_lab.output.files import write_atomic
 
 Table = dict[str, Any]
 
 
 def to_rich(table: Table, title: str):
     """A rich Table: the first column left-aligned (the row's name), the others right."""
-    from rich.table import Table as Rich
-
     out = Rich(title=title, caption=table.get("note"), title_justify="left")
     for i, col in enumerate(table["header"]):
         out.add_column(col, justify="left" if i == 0 else "right", no_wrap=i == 0)
@@ -28,10 +30,7 @@ def to_rich(table: Table, title: str):
 def wide_console(width: int = 220):
     """The console for tables: the terminal's, or for output that is piped or captured one
     `width` wide, so no column is cut."""
-    from rich.console import Console
-
-    from heads_lab.tracking import console
-
+    console = tracking.console
     return console if console.is_terminal else Console(width=width)
 
 

@@ -16,22 +16,31 @@ from typing import Any
 import numpy as np
 import torch
 
-from heads_lab import parallel as data_parallel
-from heads_lab.checkpoint import Checkpoints
-from heads_lab.config import LoggerConfig, RunConfig, cache_dir
-from heads_lab.cost import Lengths, PeakMemory, account, matmul_ceiling
+from heads_lab.config.compose import cache_dir
+from heads_lab.config.cost import Lengths, account
+from heads_lab.config.schemas import LoggerConfig, RunConfig
+from heads_lab.config.variants import variant
 from heads_lab.data import collate, epoch_batches, prepare, testsets, train_subset
 from heads_lab.data.cleaning import describe
-from heads_lab.device import autocast, check_precision, resolve_device, resolve_precision
 from heads_lab.errors import ConfigError, DataError, finished_run
-from heads_lab.evaluate import perplexity, score, translate
-from heads_lab.files import write_json, write_lines
-from heads_lab.heads import gates_kept, gates_of, head_counts, install_gates, masked, parse_head_mask
 from heads_lab.model import Transformer, admin_init, count_parameters
-from heads_lab.stops import stop_signals
-from heads_lab.tracking import Tracker, console, environment, short_name, summary_table
-from heads_lab.train import seed_everything, train
-from heads_lab.variants import variant
+from heads_lab.model.heads import gates_kept, gates_of, head_counts, install_gates, masked, parse_head_mask
+from heads_lab.output.files import write_json, write_lines
+from heads_lab.output.tracking import Tracker, console, environment, short_name, summary_table
+from heads_lab.training import checkpoint
+from heads_lab.training import parallel as data_parallel
+from heads_lab.training.checkpoint import Checkpoints
+from heads_lab.training.device import (
+    PeakMemory,
+    autocast,
+    check_precision,
+    matmul_ceiling,
+    resolve_device,
+    resolve_precision,
+)
+from heads_lab.training.evaluate import perplexity, score, translate
+from heads_lab.training.loop import seed_everything, train
+from heads_lab.training.stops import stop_signals
 
 log = logging.getLogger(__name__)
 DEFAULT_THREADS = torch.get_num_threads()  # at start-up: all cores unless OMP_NUM_THREADS says
@@ -44,22 +53,8 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
     `name` (default: every override) and `group` (default: the experiment name) are the run's
     wandb name and group; a sweep passes its varying settings and the sweep's id."""
     started = time.perf_counter()
-    if (run_dir / "results.json").is_file():
-        raise finished_run(run_dir)
-    ensure_writable(run_dir, "the run dir")
-    # a failed sweep job run again is no longer failed (if it fails again, it says so again)
-    (run_dir / "failed.json").unlink(missing_ok=True)
-    (run_dir / "stopped.json").unlink(missing_ok=True)
-    torch.set_num_threads(run.trainer.threads or DEFAULT_THREADS)  # never inherit a sweep job's
-    seed_everything(run.seed)
-    ranks = data_parallel.from_env(run.trainer.dist_timeout_s)
+    ranks, device, precision = _start(run, run_dir)
     main_rank = ranks is None or ranks.is_main
-    device = resolve_device(run.trainer.device)
-    precision = resolve_precision(device, run.trainer.precision)  # auto: what this machine has
-    check_precision(device, precision)
-    run.trainer.precision = type(run.trainer.precision)(precision)
-    if ranks is not None and device.type == "cuda":
-        device = torch.device("cuda", ranks.local_rank)
     peak = PeakMemory(device)
     run_name = name or short_name(overrides)
 
@@ -105,12 +100,7 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
             "status": "complete", "name": run_name, "overrides": overrides,
             "run_dir": str(run_dir), "metrics": metrics, "params": params, "cost": costs,
             **_evaluation(run, split, scores),
-            "train": {"steps": result.steps, "epochs": result.epochs, "tokens": result.tokens,
-                      "seconds": result.train_seconds, "valid_history": result.history,
-                      "skipped_steps": result.skipped_steps, "resumed_from": result.resumed_from,
-                      "stopped_by": result.stopped_by, "max_time": run.trainer.max_time,
-                      "best_step": result.best_step, "evaluated": evaluated,
-                      "data_parallel": ranks.world if ranks else 1},
+            "train": _train_record(result, run, evaluated, ranks),
             "timings": {"data_s": data_s, "train_s": result.train_seconds, "eval_s": eval_s,
                         "total_s": time.perf_counter() - started},
             "data": corpus.stats, "device": str(device), "threads": torch.get_num_threads(),
@@ -127,6 +117,38 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
         raise
     _print_summary(results, overrides, run_dir)
     return results
+
+
+def _start(run: RunConfig, run_dir: Path):
+    """Before any work: refuse a finished run dir, clear a failed attempt's record, set threads
+    and seeds; the data-parallel ranks (None alone), the device and the precision it computes in
+    (trainer.precision=auto resolved, and written back into the config)."""
+    if (run_dir / "results.json").is_file():
+        raise finished_run(run_dir)
+    ensure_writable(run_dir, "the run dir")
+    # a failed sweep job run again is no longer failed (if it fails again, it says so again)
+    (run_dir / "failed.json").unlink(missing_ok=True)
+    (run_dir / "stopped.json").unlink(missing_ok=True)
+    torch.set_num_threads(run.trainer.threads or DEFAULT_THREADS)  # never inherit a sweep job's
+    seed_everything(run.seed)
+    ranks = data_parallel.from_env(run.trainer.dist_timeout_s)
+    device = resolve_device(run.trainer.device)
+    precision = resolve_precision(device, run.trainer.precision)  # auto: what this machine has
+    check_precision(device, precision)
+    run.trainer.precision = type(run.trainer.precision)(precision)
+    if ranks is not None and device.type == "cuda":
+        device = torch.device("cuda", ranks.local_rank)
+    return ranks, device, precision
+
+
+def _train_record(result, run: RunConfig, evaluated: dict[str, Any], ranks) -> dict[str, Any]:
+    """results.json's "train": how training went and ended, which weights were evaluated."""
+    return {"steps": result.steps, "epochs": result.epochs, "tokens": result.tokens,
+            "seconds": result.train_seconds, "valid_history": result.history,
+            "skipped_steps": result.skipped_steps, "resumed_from": result.resumed_from,
+            "stopped_by": result.stopped_by, "max_time": run.trainer.max_time,
+            "best_step": result.best_step, "evaluated": evaluated,
+            "data_parallel": ranks.world if ranks else 1}
 
 
 def _print_summary(results: dict[str, Any], overrides: list[str], run_dir: Path) -> None:
@@ -208,8 +230,6 @@ def _evaluated_weights(run: RunConfig, model, run_dir: Path, result) -> dict[str
     before it is evaluated. Returns which weights are evaluated, for results.json."""
     if str(getattr(run.eval.checkpoint, "value", run.eval.checkpoint)) != "best":
         return {"checkpoint": "last", "step": result.steps}
-    from heads_lab import checkpoint
-
     state = checkpoint.load(checkpoint.checkpoint_dir(run_dir) / "best.pt")
     model.load_state_dict(state["model"])
     step = state["progress"]["step"]

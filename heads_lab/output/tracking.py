@@ -20,11 +20,11 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from heads_lab.config import LoggerConfig, WandbConfig
-from heads_lab.files import write_json  # noqa: F401 (tracking.write_json, kept for callers)
-from heads_lab.progress import clock
-from heads_lab.sites import SITES
-from heads_lab.variants import shape_keys, variant
+from heads_lab.config.schemas import LoggerConfig, WandbConfig
+from heads_lab.config.sites import SITES
+from heads_lab.config.variants import shape_keys, variant
+from heads_lab.output.files import write_json  # noqa: F401 (tracking.write_json, kept for callers)
+from heads_lab.output.progress import clock
 
 log = logging.getLogger(__name__)
 console = Console()
@@ -56,7 +56,7 @@ def environment() -> dict[str, Any]:
 
 
 def _git_commit() -> dict[str, Any] | None:
-    src = Path(__file__).resolve().parent.parent
+    src = Path(__file__).resolve().parents[2]
     try:
         commit = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True,
                                 text=True, timeout=5, check=True).stdout.strip()
@@ -209,7 +209,7 @@ def start_wandb(cfg: WandbConfig, run_dir: Path, name: str, config: dict, group:
     """A wandb run in run_dir/wandb (offline unless cfg.mode=online and the server answers);
     None, with a warning, if wandb cannot start: the tracker never fails or hangs a run.
     With `resume`, a run dir's wandb run id is kept, so a resumed training run continues it."""
-    import wandb
+    import wandb  # lazy: start-up time (wandb)
 
     mode = cfg.mode.value
     base_url = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
@@ -240,7 +240,7 @@ def start_tensorboard(run_dir: Path, name: str, config: dict):
     <sweep dir>` lists a sweep's runs by their job dirs), with the run's name and config as
     text; None, with a warning, if it cannot start (the tracker never fails a run)."""
     try:
-        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard import SummaryWriter  # lazy: start-up time (torch, tensorboard)
 
         writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
         writer.add_text("run", f"{name}\n\n" + "\n".join(

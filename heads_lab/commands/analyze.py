@@ -20,10 +20,15 @@ import logging
 import time
 from pathlib import Path
 
+from heads_lab.analysis import analyze
+from heads_lab.commands import runs
+from heads_lab.commands.runs import Command
+from heads_lab.config.sites import SITE
 from heads_lab.errors import ConfigError
-from heads_lab.files import write_atomic
-from heads_lab.runs import Command
-from heads_lab.tables import Table, markdown
+from heads_lab.model.heads import KIND_NAMES, attention_modules, head_kinds, map_kind, parse_head_mask
+from heads_lab.output import figures
+from heads_lab.output.files import write_atomic, write_json
+from heads_lab.output.tables import Table, markdown, to_rich, wide_console
 
 log = logging.getLogger(__name__)
 COMMAND = Command("analyze", "analysis", ("analysis.",), __doc__)
@@ -47,13 +52,6 @@ def _check_treebank_language(path: str, src: str, console) -> str | None:
 
 
 def main(args: list[str]) -> int:
-    from heads_lab import figures, runs
-    from heads_lab.analysis import analyze
-    from heads_lab.files import write_json
-    from heads_lab.heads import KIND_NAMES, attention_modules, head_kinds, map_kind, parse_head_mask
-    from heads_lab.sites import SITE
-    from heads_lab.tables import to_rich, wide_console
-
     started = time.perf_counter()
     opened = runs.open_run(COMMAND, args)
     if isinstance(opened, int):
@@ -76,6 +74,27 @@ def main(args: list[str]) -> int:
     out = runs.output_dir(run_dir, "analysis", overrides)
     result.update({"run_dir": str(run_dir), "checkpoint": t.checkpoints[0],
                    "overrides": overrides})
+    pngs = _figures(result, out)
+    pngs += _heatmaps(result, sentences, cfg.sentences, chosen, corpus.tokenizer, out)
+    first = sentences[cfg.sentences[0]] if cfg.sentences else sentences[0]
+    html = _head_views(result, first, corpus.tokenizer, out)
+    result["files"] = ["analysis.md"] + [p.name for p in pngs + html]
+    result["seconds"] = time.perf_counter() - started
+    write_json(out / "analysis.json", result)
+    parts = tables(result)
+    write_tables(out / "analysis.md", parts, f"heads-lab analyze {run_dir.name} "
+                 f"({result['source']}, {result['sentences']:,} sentences)")
+    console = wide_console(160)
+    for part in parts:
+        console.print(part if isinstance(part, str) else to_rich(part[1], part[0]))
+    console.print(f"analysis: {out / 'analysis.json'}, {out / 'analysis.md'}")
+    console.print(f"figures: {', '.join(p.name for p in pngs)}")
+    console.print(f"head view: {', '.join(str(p) for p in html)}")
+    return 0
+
+
+def _figures(result: dict, out: Path) -> list[Path]:
+    """The per-head figures: metric grids, the function map, distances and the head map."""
     titles = {site: panel_title(site, kinds, result["map_kind"][site])
               for site, kinds in result["head_kinds"].items()}
     pngs = figures.metric_grids(result["grids"], out, _grid_titles(result))
@@ -88,8 +107,13 @@ def main(args: list[str]) -> int:
     pngs += figures.distance_matrices(result["distances"], result["diversity"], out, titles)
     pngs.append(figures.head_map(result["head_map"], {site: len(v) for site, v in
                                                       result["diversity"].items()}, out, titles))
-    tok = corpus.tokenizer
-    for i in cfg.sentences:
+    return pngs
+
+
+def _heatmaps(result: dict, sentences, chosen_sentences, chosen, tok, out: Path) -> list[Path]:
+    """analysis.heatmaps: one attention map per chosen head and sentence."""
+    pngs = []
+    for i in chosen_sentences:
         sent = sentences[i]
         src, tgt = tok.pieces(sent.src[:-1]) + ["</s>"], ["<s>"] + tok.pieces(sent.tgt_in[1:])
         tokens = {"src": src, "tgt": tgt}
@@ -105,7 +129,11 @@ def main(args: list[str]) -> int:
                     sent.maps[site][layer, head], q, k,
                     f"{site} layer {layer} {name} {head} · sentence {i}",
                     out / f"attention_s{i}_{site}_l{layer}_{FILE_KIND[kind]}{head}.png"))
-    first = sentences[cfg.sentences[0]] if cfg.sentences else sentences[0]
+    return pngs
+
+
+def _head_views(result: dict, first, tok, out: Path) -> list[Path]:
+    """The interactive head view of the first chosen sentence (and bertviz's, where installed)."""
     src = tok.pieces(first.src[:-1]) + ["</s>"]
     tgt = ["<s>"] + tok.pieces(first.tgt_in[1:])
     talking = [s for s, k in result["map_kind"].items() if k != "head"]
@@ -116,19 +144,7 @@ def main(args: list[str]) -> int:
     extra = figures.bertviz_head_view(first.maps, src, tgt, out / "bertviz_head_view.html")
     if extra:
         html.append(extra)
-    result["files"] = ["analysis.md"] + [p.name for p in pngs + html]
-    result["seconds"] = time.perf_counter() - started
-    write_json(out / "analysis.json", result)
-    parts = tables(result)
-    write_tables(out / "analysis.md", parts, f"heads-lab analyze {run_dir.name} "
-                 f"({result['source']}, {result['sentences']:,} sentences)")
-    console = wide_console(160)
-    for part in parts:
-        console.print(part if isinstance(part, str) else to_rich(part[1], part[0]))
-    console.print(f"analysis: {out / 'analysis.json'}, {out / 'analysis.md'}")
-    console.print(f"figures: {', '.join(p.name for p in pngs)}")
-    console.print(f"head view: {', '.join(str(p) for p in html)}")
-    return 0
+    return html
 
 
 def head_notes(result: dict) -> dict[str, list[list[str]]]:

@@ -1,5 +1,5 @@
 """Typed config schemas: one dataclass per config group option. Plain dataclasses (no Hydra),
-so every stage can take them as inputs; heads_lab.config registers them with Hydra's
+so every stage can take them as inputs; heads_lab.config.compose registers them with Hydra's
 ConfigStore and checks what types alone cannot."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from heads_lab.choices import (  # noqa: F401 (re-exported: config users import them here)
+from heads_lab.config.choices import (  # noqa: F401 (re-exported: config users import them here)
     Activation,
     Choice,
     EvalCheckpoint,
@@ -30,7 +30,8 @@ from heads_lab.choices import (  # noqa: F401 (re-exported: config users import 
     Tokenizer,
     WandbMode,
 )
-from heads_lab.sites import SITES
+from heads_lab.config.sites import SITES
+from heads_lab.config.variants import variant
 
 
 def opt(default: Any, help: str) -> Any:
@@ -39,12 +40,12 @@ def opt(default: Any, help: str) -> Any:
     return field(default=default, metadata={"help": help})
 
 
-class AttentionKind(Enum):  # one value per entry of heads_lab.variants.VARIANTS
+class AttentionKind(Enum):  # one value per entry of heads_lab.config.variants.VARIANTS
     mha = "mha"  # multi-head; grouped/multi-query with kv_heads
     talking_heads = "talking_heads"  # Shazeer et al. 2020: heads_k, heads, heads_v + head mixing
 
 
-ATTENTION_SITES = SITES  # enc-self, dec-self, dec-enc: Voita's e, d, d-e (heads_lab.sites)
+ATTENTION_SITES = SITES  # enc-self, dec-self, dec-enc: Voita's e, d, d-e (heads_lab.config.sites)
 
 
 @dataclass
@@ -54,7 +55,7 @@ class ModelConfig:
     head_dim: int | None = opt(None,
         "d_k = d_v; None = d_model / heads (Table 3 (A) keeps h·d_k fixed)")
     attention: AttentionKind = opt(AttentionKind.mha, "mha (multi-head; grouped/multi-query with "
-                                   "kv_heads) | talking_heads (heads_lab.variants)")
+                                   "kv_heads) | talking_heads (heads_lab.config.variants)")
     heads_k: int | None = opt(None, "h_K, talking heads' query/key heads; None = heads")
     heads_v: int | None = opt(None, "h_V, talking heads' value heads; None = heads")
     kv_heads: int | None = opt(None,
@@ -88,9 +89,7 @@ class ModelConfig:
 
     def head_counts(self, site: str) -> dict[str, int]:
         """Head counts at a site: q, k, v (projected), h (softmax) and out (into out_proj), as
-        the site's attention variant declares them (heads_lab.variants)."""
-        from heads_lab.variants import variant
-
+        the site's attention variant declares them (heads_lab.config.variants)."""
         return asdict(variant(self, site).counts(self))
 
 

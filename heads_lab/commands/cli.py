@@ -1,10 +1,11 @@
 """`heads-lab <command> [hydra overrides]`: the dispatcher. train and info run here (train under
-Hydra, its sweep plumbing in heads_lab/sweeps.py); eval, analyze, prune, report and bench are a
+Hydra, its sweep plumbing in heads_lab/commands/sweeps.py); eval, analyze, prune, report and bench are a
 module each. User errors (config, data, checkpoint) become one line on stderr and exit 2."""
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import io
 import json
 import os
@@ -12,8 +13,27 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from heads_lab import sweeps
-from heads_lab.errors import one_line
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
+from hydra.types import RunMode
+from omegaconf.errors import OmegaConfBaseException
+
+from heads_lab import __version__
+from heads_lab.commands import sweep_signals, sweeps
+from heads_lab.config.compose import (
+    compose,
+    config_dir,
+    describe_keys,
+    expand_sweeps,
+    register_configs,
+    start_time,
+    to_dict,
+    to_object,
+)
+from heads_lab.config.cost import Lengths, account
+from heads_lab.config.validate import validate
+from heads_lab.errors import ConfigError, HeadsLabError, one_line
 
 USAGE = """usage: heads-lab <command> [overrides]
 
@@ -55,8 +75,6 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE, end="")
         return 0
     if args[0] in ("-V", "--version"):
-        from heads_lab import __version__
-
         print(f"heads-lab {__version__}")
         return 0
     command, rest = args[0], args[1:]
@@ -70,11 +88,6 @@ def main(argv: list[str] | None = None) -> int:
 def _reporting_user_errors(run: Callable[[], int]) -> int:
     """Run a command; a user error (config, data, checkpoint, a Hydra composition error) becomes
     one line on stderr and exit code 2. HEADS_LAB_TRACEBACK=1 (or HYDRA_FULL_ERROR=1) re-raises."""
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from heads_lab.errors import HeadsLabError
-
     traces = bool(os.environ.get("HYDRA_FULL_ERROR") or os.environ.get("HEADS_LAB_TRACEBACK"))
     try:
         return run()
@@ -90,17 +103,9 @@ def _reporting_user_errors(run: Callable[[], int]) -> int:
 
 def _run_hydra(task: Callable, command: str, overrides: list[str]) -> int:
     """Run `task` under Hydra (output dirs, multirun, --help) with the packaged config tree."""
-    import hydra
-
-    from heads_lab.config import config_dir, register_configs
-
     overrides = sweeps.prepare(overrides)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun: every rank uses rank 0's run dir
-        import datetime
-
-        from heads_lab.config import compose, to_object
-        from heads_lab.errors import ConfigError
-        from heads_lab.parallel import from_env
+        from heads_lab.training.parallel import from_env  # lazy: start-up time (torch)
 
         if sweeps.is_multirun(overrides):
             raise ConfigError("data-parallel training (torchrun) runs one job; drop -m, or "
@@ -117,7 +122,7 @@ def _run_hydra(task: Callable, command: str, overrides: list[str]) -> int:
         return _hydra_help(entry, [o for o in overrides if o not in ("--help", "-h", "-m",
                                                                       "--multirun")])
     try:
-        with _shared_start_time(), sweeps.forward_stop_signals():
+        with _shared_start_time(), sweep_signals.forward_stop_signals():
             entry()
     finally:
         _leave_process_group()
@@ -128,8 +133,6 @@ def _run_hydra(task: Callable, command: str, overrides: list[str]) -> int:
 def _shared_start_time():
     """This command's start time in the environment while it runs, so that a launcher's worker
     processes (joblib, submitit, SLURM jobs) resolve the same dated sweep dir as this process."""
-    from heads_lab.config import start_time
-
     given = os.environ.get("HEADS_LAB_START_TIME")
     os.environ["HEADS_LAB_START_TIME"] = start_time().isoformat()
     try:
@@ -143,7 +146,7 @@ def _shared_start_time():
 
 def _leave_process_group() -> None:
     if "torch" in sys.modules:
-        import torch.distributed as dist
+        import torch.distributed as dist  # lazy: start-up time (torch; only once loaded)
 
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
@@ -152,8 +155,6 @@ def _leave_process_group() -> None:
 def _hydra_help(entry: Callable, overrides: list[str]) -> int:
     """Hydra's help, without the internal schema/ groups (they hold the typed schemas), then
     every key of the config these overrides compose with its value and its help."""
-    from heads_lab.config import compose, describe_keys, to_object
-
     buffer, code = io.StringIO(), 0
     with contextlib.redirect_stdout(buffer):
         try:
@@ -169,12 +170,10 @@ def _hydra_help(entry: Callable, overrides: list[str]) -> int:
 
 def train_task(cfg) -> float | None:
     """`heads-lab train`: data → model → training → evaluation → results.json (+ wandb)."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
+    from heads_lab.commands.train import run_training  # lazy: start-up time (torch)
 
-    from heads_lab.config import to_dict, to_object, validate
-    from heads_lab.runner import run_training
-    from heads_lab.tracking import short_name
+    # lazy: start-up time (rich); bench's spawned peak-RSS children re-import this module
+    from heads_lab.output.tracking import short_name
 
     hydra_cfg = HydraConfig.get()
     if sweeps.not_started(hydra_cfg):  # a worker of a stopping sweep
@@ -208,9 +207,6 @@ def info_command(args: list[str]) -> int:
     if "-h" in args or "--help" in args:
         print(USAGE, end="")
         return 0
-    from heads_lab.config import compose, expand_sweeps, to_object, validate
-    from heads_lab.cost import Lengths, account
-
     overrides = [a for a in args if a != "--json"]
     jobs = expand_sweeps(overrides)
     varying = [i for i in range(len(overrides)) if len({tuple(job)[i] for job in jobs}) > 1]
@@ -224,37 +220,43 @@ def info_command(args: list[str]) -> int:
     if "--json" in args:
         print(json.dumps([{"config": label, **acct} for label, _, acct in columns], indent=2))
         return 0
-    from heads_lab.tracking import console, cost_table
+    # lazy: start-up time (rich); bench's spawned peak-RSS children re-import this module
+    from heads_lab.output.tracking import console, cost_table
 
     console.print(cost_table(columns))
     return 0
 
 
 def eval_command(args: list[str]) -> int:
-    from heads_lab.eval_run import main as eval_main
+    # lazy: start-up time (the verb's module, and torch when it runs)
+    from heads_lab.commands.eval import main as eval_main
 
     return eval_main(args)
 
 
 def report_command(args: list[str]) -> int:
-    from heads_lab.report import main as report_main
+    # lazy: start-up time (the verb's module: sacrebleu's significance tests, ~0.1 s)
+    from heads_lab.commands.report import main as report_main
 
     return report_main(args)
 
 
 def analyze_command(args: list[str]) -> int:
-    from heads_lab.analyze_run import main as analyze_main
+    # lazy: start-up time (the verb's module, and torch when it runs)
+    from heads_lab.commands.analyze import main as analyze_main
 
     return analyze_main(args)
 
 
 def prune_command(args: list[str]) -> int:
-    from heads_lab.prune import main as prune_main
+    # lazy: start-up time (the verb's module, and torch when it runs)
+    from heads_lab.commands.prune import main as prune_main
 
     return prune_main(args)
 
 
 def bench_command(args: list[str]) -> int:
+    # lazy: start-up time (the verb's module, and torch when it runs)
     from heads_lab.bench import main as bench_main
 
     return bench_main(args)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from heads_lab.config.sites import SITES, layers
+
 BYTES_FP32 = 4
 
 
@@ -53,7 +55,7 @@ class Variant:
         raise NotImplementedError
 
     def kinds(self, cfg) -> dict[str, int]:
-        """{kind: count} of its heads, in the order they act (heads_lab.heads.KIND_NAMES)."""
+        """{kind: count} of its heads, in the order they act (heads_lab.model.heads.KIND_NAMES)."""
         return {"head": self.counts(cfg).h}
 
     def shape_values(self, cfg) -> dict[str, int]:
@@ -223,7 +225,5 @@ def shape_keys() -> tuple[tuple[str, str], ...]:
 def out_heads(cfg) -> dict[tuple[str, int], int]:
     """Heads of the out kind per (site, layer) of a ModelConfig: what head specs address, known
     before a model exists."""
-    from heads_lab.sites import SITES, layers
-
     return {(site, i): variant(cfg, site).counts(cfg).out for site in SITES
             for i in range(layers(cfg, site))}

@@ -27,10 +27,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rich.table import Table
+
+from heads_lab.commands import runs
+from heads_lab.commands.runs import Command
+from heads_lab.config.sites import KEPT_COLUMNS, SITES
 from heads_lab.errors import ConfigError
-from heads_lab.runs import Command
-from heads_lab.sites import KEPT_COLUMNS, SITES
-from heads_lab.tables import show, to_rich, write_csv, write_markdown
+from heads_lab.output.files import write_json, write_lines
+from heads_lab.output.progress import clock
+from heads_lab.output.tables import show, to_rich, write_csv, write_markdown
+from heads_lab.output.tracking import console
 
 log = logging.getLogger(__name__)
 COMMAND = Command("prune", "pruning", ("prune.", "eval.", "trainer.precision="), __doc__,
@@ -50,10 +56,7 @@ def main(args: list[str]) -> int:
 
 
 def prune_run(run_dir: Path, overrides: list[str]) -> dict[str, Any]:
-    from heads_lab import runs
-    from heads_lab.files import write_json
-    from heads_lab.heads import gates_of
-    from heads_lab.tracking import console
+    from heads_lab.model.heads import gates_of  # lazy: start-up time (torch)
 
     t = runs.load(run_dir, overrides)
     run, model, corpus, device = t.run, t.model, t.corpus, t.device
@@ -81,7 +84,7 @@ def prune_run(run_dir: Path, overrides: list[str]) -> dict[str, Any]:
 
 def _head(split, n: int | None):
     """The first n sentences of a split."""
-    from heads_lab.data import Split
+    from heads_lab.data import Split  # lazy: start-up time (torch)
 
     n = len(split) if n is None else min(n, len(split))
     return Split(split.src_text[:n] if split.src_text else None,
@@ -103,8 +106,8 @@ def evaluate(model, split, corpus, run, device) -> dict[str, float]:
     `model` on `split`. The forward speed is the fair one to compare across pruned models: every
     model reads the same reference tokens, while decoding time also follows how long each
     model's translations are."""
-    from heads_lab.device import autocast
-    from heads_lab.evaluate import perplexity, score, translate
+    from heads_lab.training.device import autocast  # lazy: start-up time (torch)
+    from heads_lab.training.evaluate import perplexity, score, translate  # lazy: start-up time (torch)
 
     model.eval()
     with autocast(device, run.trainer.precision):
@@ -121,7 +124,7 @@ def evaluate(model, split, corpus, run, device) -> dict[str, float]:
 
 
 def _point(base, masked, split, corpus, run, device) -> dict[str, Any]:
-    from heads_lab.heads import count_heads, format_heads, remove_heads
+    from heads_lab.model.heads import count_heads, format_heads, remove_heads  # lazy: start-up time (torch)
 
     pruned = copy.deepcopy(base)
     remove_heads(pruned, masked)  # for real: the numbers below are the smaller model's
@@ -134,9 +137,8 @@ def _point(base, masked, split, corpus, run, device) -> dict[str, Any]:
 
 
 def importance_curves(run, model, corpus, eval_split, device, out: Path) -> dict[str, Any]:
-    from heads_lab.analysis import head_importance
-    from heads_lab.heads import attention_modules, count_heads
-    from heads_lab.tracking import console
+    from heads_lab.analysis import head_importance  # lazy: start-up time (torch)
+    from heads_lab.model.heads import attention_modules, count_heads  # lazy: start-up time (torch)
 
     p = run.prune
     imp_split = _head(corpus.splits[p.split], p.eval_sentences)
@@ -188,8 +190,6 @@ def curve_table(curves: dict[str, list[dict]]) -> dict[str, Any]:
 
 
 def gate_table(results: list[dict]):
-    from rich.table import Table
-
     rules = " / ".join(sorted({r.get("gate_eval", "binary") for r in results}))
     table = Table(title=f"Hard Concrete gates (Voita et al. 2019): heads kept ({rules} rule) vs "
                         "BLEU", title_justify="left")
@@ -202,11 +202,9 @@ def gate_table(results: list[dict]):
 
 
 def gates_from_trained(run, config, model, corpus, eval_split, device, out: Path) -> dict:
-    from heads_lab.files import write_json, write_lines
-    from heads_lab.heads import count_heads, fold_gates, format_heads, install_gates, remove_heads
-    from heads_lab.progress import clock
-    from heads_lab.tracking import console
-    from heads_lab.train import inverse_sqrt, train
+    # lazy: start-up time (torch)
+    from heads_lab.model.heads import count_heads, fold_gates, format_heads, install_gates, remove_heads
+    from heads_lab.training.loop import inverse_sqrt, train  # lazy: start-up time (torch)
 
     p, t = run.prune, run.trainer
     before = evaluate(model, eval_split, corpus, run, device)
@@ -276,10 +274,10 @@ def _write_tables(out: Path, table: dict[str, Any]) -> None:
 def plot_curves(curves: dict[str, list[dict]], path: Path, split: str) -> Path:
     """BLEU and PPL vs the fraction of heads pruned, one line per attention type (Michel's
     figure)."""
-    import matplotlib
+    import matplotlib  # lazy: start-up time (matplotlib)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: start-up time (matplotlib)
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     ppls: list[float] = []

@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import time
 
-from heads_lab.runs import Command
+from heads_lab.commands import runs
+from heads_lab.commands.runs import Command
+from heads_lab.output.files import write_json
+from heads_lab.output.tracking import console, summary_table
 
 COMMAND = Command("eval", "evaluation", ("eval.", "trainer.precision="), __doc__)
 
 
 def main(args: list[str]) -> int:
-    from heads_lab import runs
-    from heads_lab.files import write_json
-    from heads_lab.runner import evaluate_on_split
-    from heads_lab.tracking import console, summary_table
+    from heads_lab.commands.train import evaluate_on_split  # lazy: start-up time (torch)
 
     started = time.perf_counter()
     opened = runs.open_run(COMMAND, args, average_last=None)  # eval.average_last decides

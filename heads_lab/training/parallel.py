@@ -22,6 +22,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 
 @dataclass
@@ -35,8 +36,6 @@ class Parallel:
         return self.rank == 0
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
-        from torch.nn.parallel import DistributedDataParallel
-
         on_gpu = next(model.parameters()).device.type == "cuda"
         with warnings.catch_warnings():  # torch 2.13 deprecates it for forward_sync_buffers,
             # which would still sync at init; the model has no buffers that differ across ranks

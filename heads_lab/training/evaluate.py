@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 from sacrebleu.metrics import BLEU, CHRF
 
-from heads_lab.config import EvalConfig
+from heads_lab.config.schemas import EvalConfig
 from heads_lab.data import Split, Tokenizer, bucket, collate
-from heads_lab.decode import decode_batch
 from heads_lab.model import Transformer, evaluating
+from heads_lab.model.decode import decode_batch
 
 
 @torch.no_grad()

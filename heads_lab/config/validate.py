@@ -1,0 +1,188 @@
+"""The checks of a config that types alone cannot express: relations between values (heads
+dividing d_model, a mix that needs h_V = h, ...), each failing with a `ConfigError` whose one line
+names the key and the fix. `validate()` runs them one group at a time, before any work."""
+
+from __future__ import annotations
+
+from sacrebleu.metrics import BLEU
+from sacrebleu.utils import get_available_testsets, get_langpairs_for_testset
+
+from heads_lab.config.schemas import (
+    ATTENTION_SITES,
+    Norm,
+    RunConfig,
+    SyntheticDataConfig,
+    TextFilesDataConfig,
+)
+from heads_lab.config.sites import parse_head_mask
+from heads_lab.config.variants import VARIANTS, out_heads
+from heads_lab.errors import ConfigError
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def validate(run: RunConfig) -> None:
+    """Checks the schemas cannot express, one group at a time. Raises ConfigError naming the
+    key and the fix."""
+    _check_model(run.model)
+    _check_trainer(run.trainer)
+    _check(run.trainer.save_checkpoint or str(getattr(run.eval.checkpoint, "value",
+                                                      run.eval.checkpoint)) == "last",
+           "eval.checkpoint=best evaluates checkpoints/best.pt: set trainer.save_checkpoint=true "
+           "(or eval.checkpoint=last)")
+    _check_analysis_prune(run.analysis, run.prune)
+    _check_data(run.data, run.trainer, run.model)
+    _check_eval(run.eval, run.data, run.model)
+
+
+def _check_model(m) -> None:
+    for key in ("d_model", "heads", "d_ff", "encoder_layers", "decoder_layers", "max_positions"):
+        value = getattr(m, key)
+        _check(value >= 1, f"model.{key}={value} must be a positive integer")
+    if m.head_dim is None:
+        _check(
+            m.d_model % m.heads == 0,
+            f"model.heads={m.heads} does not divide model.d_model={m.d_model}: choose heads from "
+            f"{_divisors(m.d_model)} or set model.head_dim",
+        )
+    else:
+        _check(m.head_dim >= 1, f"model.head_dim={m.head_dim} must be a positive integer")
+    _check(m.relative_positions >= 0, f"model.relative_positions={m.relative_positions} must be "
+           "0 (off) or the largest relative offset K that gets its own bias")
+    for key in ("heads_k", "heads_v", "kv_heads"):
+        value = getattr(m, key)
+        _check(value is None or value >= 1, f"model.{key}={value} must be a positive integer")
+    problem = VARIANTS[m.attention.value].check(m)  # the variant's own fields
+    _check(problem is None, problem or "")
+    unknown = [site for site in m.talking_heads_in if site not in ATTENTION_SITES]
+    _check(not unknown, f"model.talking_heads_in has {unknown}: choose from {list(ATTENTION_SITES)}")
+    for key in ("dropout", "attention_dropout"):
+        value = getattr(m, key)
+        _check(0.0 <= value < 1.0, f"model.{key}={value} must be in [0, 1)")
+    _check(m.init != "admin" or m.norm == Norm.post,
+           "model.init=admin is for post-norm models (Liu et al. 2020): set model.norm=post")
+
+
+def _check_trainer(t) -> None:
+    _check(
+        t.max_steps is not None or t.max_epochs is not None,
+        "trainer.max_steps and trainer.max_epochs are both null: set at least one",
+    )
+    for key in ("max_steps", "max_epochs"):
+        value = getattr(t, key)
+        _check(value is None or value >= 1, f"trainer.{key}={value} must be >= 1 (or null)")
+    _check(t.patience is None or t.patience >= 1, f"trainer.patience={t.patience} must be >= 1 "
+           "validations (or null: no early stop)")
+    _check(t.max_time is None or t.max_time > 0, f"trainer.max_time={t.max_time} must be > 0 "
+           "seconds of training (or null: no time budget)")
+    _check(t.lr > 0, f"trainer.lr={t.lr} must be > 0")
+    _check(t.warmup_steps >= 0, f"trainer.warmup_steps={t.warmup_steps} must be >= 0")
+    _check(t.update_freq >= 1, f"trainer.update_freq={t.update_freq} must be >= 1")
+    _check(0.0 <= t.label_smoothing < 1.0, "trainer.label_smoothing must be in [0, 1)")
+    _check(len(t.adam_betas) == 2, "trainer.adam_betas must be two numbers, e.g. [0.9,0.98]")
+    _check(t.valid_every >= 1 and t.log_every >= 1, "trainer.valid_every/log_every must be >= 1")
+    _check(t.threads is None or t.threads >= 1, f"trainer.threads={t.threads} must be >= 1")
+    _check(t.clip_norm >= 0, f"trainer.clip_norm={t.clip_norm} must be >= 0 (0 = no clipping)")
+    _check(t.save_every >= 0, f"trainer.save_every={t.save_every} must be >= 0 (0 = only at the "
+           "end, at each best validation and on a stop signal)")
+    _check(t.keep_last >= 1, f"trainer.keep_last={t.keep_last} must be >= 1")
+    _check(t.max_bad_steps >= 1, f"trainer.max_bad_steps={t.max_bad_steps} must be >= 1")
+    _check(
+        t.device == "auto" or t.device == "cpu" or t.device.startswith("cuda"),
+        f"trainer.device={t.device!r} is not a device: use auto, cpu, cuda or cuda:N",
+    )
+
+
+def _check_analysis_prune(a, pr) -> None:
+    _check(a.max_sentences is None or a.max_sentences >= 1,
+           f"analysis.max_sentences={a.max_sentences} must be >= 1 (or null for all)")
+    _check(a.min_arcs >= 1, f"analysis.min_arcs={a.min_arcs} must be >= 1")
+    _check(a.lrp_sentences is None or a.lrp_sentences >= 1,
+           f"analysis.lrp_sentences={a.lrp_sentences} must be >= 1 (or null: every sentence)")
+    _check(a.rare_top_k is None or a.rare_top_k >= 0, f"analysis.rare_top_k={a.rare_top_k} "
+           "must be >= 0 (Voita et al.: 500; 0 or null: count every sentence)")
+    _check(not (a.treebank and a.conllu), "analysis.treebank and analysis.conllu both set: "
+           "analysis.treebank analyses a treebank's own sentences, analysis.conllu parses of "
+           "analysis.split's; choose one")
+    _check(a.treebank or not a.treebank_ref, "analysis.treebank_ref needs analysis.treebank (the "
+           "CoNLL-U file whose '# <ref> = ...' lines hold the translations, e.g. text_en)")
+    for key in ("positional_threshold", "rare_threshold", "syntactic_margin"):
+        value = getattr(a, key)
+        _check(0.0 <= value <= 1.0, f"analysis.{key}={value} must be in [0, 1]")
+    _check(0.0 < pr.step <= 0.5, f"prune.step={pr.step} must be in (0, 0.5] (a fraction of heads)")
+    unknown = [site for site in pr.sites if site not in ATTENTION_SITES]
+    _check(pr.sites and not unknown,
+           f"prune.sites={list(pr.sites)}: choose some of {list(ATTENTION_SITES)}")
+    _check(pr.l0_lambda >= 0, f"prune.l0_lambda={pr.l0_lambda} must be >= 0")
+    _check(pr.temperature > 0, f"prune.temperature={pr.temperature} must be > 0")
+    _check(len(pr.stretch) == 2 and pr.stretch[0] < 0 < 1 < pr.stretch[1],
+           f"prune.stretch={list(pr.stretch)} must be [γ < 0, ζ > 1], e.g. [-0.1,1.1]")
+    _check(pr.steps >= 1, f"prune.steps={pr.steps} must be >= 1")
+    _check(0.0 < pr.init_keep < 1.0, f"prune.init_keep={pr.init_keep} must be in (0, 1): "
+           "σ(log α) at the start, 0.9 or Voita et al.'s 0.5 (log α = 0)")
+    _check(pr.eval_sentences is None or pr.eval_sentences >= 1,
+           f"prune.eval_sentences={pr.eval_sentences} must be >= 1 (or null for all)")
+
+
+def _check_data(d, t, m) -> None:
+    _check(d.max_len >= 1, f"data.max_len={d.max_len} must be >= 1")
+    _check(
+        t.max_tokens >= d.max_len + 1,
+        f"trainer.max_tokens={t.max_tokens} is smaller than the longest allowed sentence "
+        f"(data.max_len={d.max_len} + EOS): raise trainer.max_tokens or lower data.max_len",
+    )
+    _check(d.max_len + 2 <= m.max_positions, "data.max_len + 2 must not exceed model.max_positions")
+    _check(d.vocab_size >= 16, f"data.vocab_size={d.vocab_size} must be >= 16")
+    c = d.cleaning
+    _check(c.max_ratio is None or c.max_ratio >= 1,
+           f"data.cleaning.max_ratio={c.max_ratio} must be >= 1 (or null for no ratio filter)")
+    _check(0.0 < d.train_fraction <= 1.0, f"data.train_fraction={d.train_fraction} must be in "
+           "(0, 1]: the share of the training pairs to train on (1 = all)")
+    _check(d.max_train_pairs is None or d.max_train_pairs >= 1,
+           f"data.max_train_pairs={d.max_train_pairs} must be >= 1 (or null for all)")
+    if isinstance(d, TextFilesDataConfig):
+        needed = ("{split}", "{lang}") if d.format == "text" else ("{split}",)
+        _check(all(k in d.pattern for k in needed),
+               f"data.pattern={d.pattern!r} must contain {' and '.join(needed)}")
+    if isinstance(d, SyntheticDataConfig):
+        for key in ("train_size", "valid_size", "test_size", "nouns", "verbs", "adjectives",
+                    "adverbs"):
+            _check(getattr(d, key) >= 1, f"data.{key}={getattr(d, key)} must be >= 1")
+        for key, value in vars(d).items():
+            if key.startswith("p_"):
+                _check(0.0 <= value <= 1.0, f"data.{key}={value} must be a probability in [0, 1]")
+
+
+def _check_eval(e, d, m) -> None:
+    _check(e.average_last >= 1, f"eval.average_last={e.average_last} must be >= 1")
+    _check(e.beam >= 1, f"eval.beam={e.beam} must be >= 1 (1 = greedy)")
+    _check(e.lenpen >= 0, f"eval.lenpen={e.lenpen} must be >= 0")
+    _check(e.max_sentences >= 1, f"eval.max_sentences={e.max_sentences} must be >= 1")
+    if e.sacrebleu_test is not None:
+        _check(e.split == "test", "eval.sacrebleu_test replaces the test split: set eval.split=test")
+        check_sacrebleu_test(e.sacrebleu_test, d.src, d.tgt)
+    if e.bleu_tokenize is not None:
+        _check(e.bleu_tokenize in BLEU.TOKENIZERS,
+               f"eval.bleu_tokenize={e.bleu_tokenize!r} is not a sacrebleu tokenizer: use one of "
+               f"{sorted(BLEU.TOKENIZERS)} (or null for 13a)")
+    if e.head_mask:
+        parse_head_mask(e.head_mask, out_heads(m))  # raises ConfigError, one line
+
+
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0 and k <= 64]
+
+
+def check_sacrebleu_test(name: str, src: str, tgt: str) -> None:
+    """Refuse an unknown test set or language pair without touching the network."""
+
+    if name not in get_available_testsets():
+        raise ConfigError(f"eval.sacrebleu_test={name!r} is not a sacrebleu test set (e.g. wmt14, "
+                          "wmt20, iwslt17; `sacrebleu --list` shows all)")
+    pairs = get_langpairs_for_testset(name)
+    if f"{src}-{tgt}" not in pairs:
+        raise ConfigError(f"sacrebleu test set {name} has no {src}-{tgt} (data.src-data.tgt); it "
+                          f"has {sorted(pairs)}")

@@ -1,0 +1,2 @@
+"""How a model learns and is measured while it does: the loop (loop.py), its checkpoints,
+stops and data parallelism, the device and precision, and evaluation (perplexity, BLEU)."""
