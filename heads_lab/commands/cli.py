@@ -169,7 +169,7 @@ def _hydra_help(entry: Callable, overrides: list[str]) -> int:
 
 
 def train_task(cfg) -> float | None:
-    """`heads-lab train`: data → model → training → evaluation → results.json (+ wandb)."""
+    """`heads-lab train`: data → model → training → evaluation → results.json (+ trackers)."""
     from heads_lab.commands.train import run_training  # lazy: start-up time (torch)
 
     # lazy: start-up time (rich); bench's spawned peak-RSS children re-import this module

@@ -32,7 +32,6 @@ from heads_lab.commands.report_rows import (
     NOT_APPLICABLE,
     SHAPE,
     Row,
-    Run,
     base_row,
     collect,
     group,
@@ -43,10 +42,10 @@ from heads_lab.commands.report_rows import (
     stat,
     swept,
 )
-from heads_lab.config.schemas import WandbConfig, WandbMode
 from heads_lab.config.sites import KEPT_COLUMNS, SITES
 from heads_lab.output.tables import to_rich, wide_console, write_csv, write_markdown
-from heads_lab.output.tracking import short_key, start_wandb
+from heads_lab.output.trackers import report_to_wandb
+from heads_lab.output.tracking import short_key
 
 USAGE = "heads-lab report <dir> [<dir> ...] [--out DIR] [--samples N] [--wandb [--wandb-mode M]]"
 
@@ -85,37 +84,16 @@ def main(args: list[str]) -> int:
     pngs = plot(rows, varying, split, out)
     console.print(f"report: {out / 'report.md'}, {out / 'report.csv'}, " + ", ".join(map(str, pngs)))
     if opts.wandb:
-        where = log_to_wandb(runs, table, pngs, out, opts.wandb_mode)
+        where = report_to_wandb(
+            [r.results.get("wandb") or {} for r in runs],
+            runs[0].config.get("logger.project") or "heads-lab",
+            sorted({t for r in runs for t in (r.config.get("tags") or [])}),
+            {"report.dirs": sorted({str(r.dir.resolve()) for r in runs}),
+             "report.runs": len(runs), "report.varying": table["varying"]},
+            table, pngs, out, opts.wandb_mode)
         if where:
             console.print(f"wandb report run: {where} (upload: wandb sync {where})")
     return 0
-
-
-def log_to_wandb(runs: list[Run], table: dict[str, Any], pngs: list[Path], out: Path,
-                 mode: str) -> str | None:
-    """The report as a wandb run (job_type report) in the runs' project and group (when they
-    share one): the table as a wandb.Table, the plots as images. Returns the run's local dir."""
-    infos = [r.results.get("wandb") or {} for r in runs]
-    groups = {i.get("group") for i in infos if i.get("group")}
-    project = next((i["project"] for i in infos if i.get("project")),
-                   runs[0].config.get("logger.project") or "heads-lab")
-    tags = sorted({t for r in runs for t in (r.config.get("tags") or [])})
-    config = {"report.dirs": sorted({str(r.dir.resolve()) for r in runs}), "report.runs": len(runs),
-              "report.varying": table["varying"]}
-    run = start_wandb(WandbConfig(project=project, mode=WandbMode(mode)), out, "report", config,
-                      groups.pop() if len(groups) == 1 else None, tags, job_type="report",
-                      resume=False)
-    if run is None:
-        return None
-    import wandb  # lazy: start-up time (wandb takes seconds to import; only --wandb needs it)
-
-    try:
-        run.log({"report/table": wandb.Table(columns=table["header"], data=table["rows"]),
-                 **{f"report/{png.stem}": wandb.Image(str(png)) for png in pngs}})
-        where = str(Path(run.dir).parent)
-    finally:
-        run.finish()
-    return where
 
 
 def render(rows: list[Row], base: Row, varying: list[str], split: str,

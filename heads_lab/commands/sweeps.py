@@ -31,6 +31,7 @@ from heads_lab.config.compose import compose, expand_sweeps, to_object
 from heads_lab.config.validate import validate
 from heads_lab.errors import ConfigError, HeadsLabError, finished_run, one_line
 from heads_lab.output.files import write_json
+from heads_lab.output.trackers import RUN_FILES
 from heads_lab.training import stops
 
 RERUN: list[str] = []
@@ -150,7 +151,7 @@ def finished_job(run_dir: Path, hydra_cfg) -> float | None:
         aside = run_dir / f"previous-{time.strftime('%Y%m%d-%H%M%S')}"
         aside.mkdir()
         for item in run_dir.iterdir():
-            if item.name in ("results.json", "checkpoints", "evals", "wandb-run-id") or \
+            if item.name in ("results.json", "checkpoints", "evals", *RUN_FILES) or \
                     item.suffix == ".txt":
                 item.rename(aside / item.name)
         print(f"job {hydra_cfg.job.num}: earlier results moved to {aside}; running again",
@@ -279,7 +280,7 @@ class CountFailures(Callback):
 def prepare(overrides: list[str]) -> list[str]:
     """Before Hydra starts: read --rerun, refuse a finished run dir, check the dirs are
     writable and every sweep job composes; the settings a sweep varies go to the environment
-    (SWEEP_KEYS_ENV), where launchers' worker processes see them (they name each job's wandb run,
+    (SWEEP_KEYS_ENV), where launchers' worker processes see them (they name each job's tracker run,
     h=8,seed=2). Returns the overrides for Hydra."""
     RERUN[:] = ["--rerun"] if "--rerun" in overrides else []
     overrides = [o for o in overrides if o != "--rerun"]

@@ -51,7 +51,8 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
                  group: str | None = None) -> dict[str, Any]:
     """Train and evaluate one config; returns the dict written to run_dir/results.json.
     `name` (default: every override) and `group` (default: the experiment name) are the run's
-    wandb name and group; a sweep passes its varying settings and the sweep's id."""
+    name and group in its trackers (wandb, TensorBoard); a sweep passes its varying settings and
+    the sweep's id."""
     started = time.perf_counter()
     ranks, device, precision = _start(run, run_dir)
     main_rank = ranks is None or ranks.is_main
@@ -105,8 +106,7 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
                         "total_s": time.perf_counter() - started},
             "data": corpus.stats, "device": str(device), "threads": torch.get_num_threads(),
             "precision": str(run.trainer.precision),
-            "config": config, "env": environment(), "wandb": tracker.wandb_info(),
-            "tensorboard": tracker.tensorboard_info(),
+            "config": config, "env": environment(), **tracker.where(),
         }
         write_json(run_dir / "results.json", results)
         tracker.finish(summary=metrics)

@@ -1,28 +1,27 @@
-"""Where results go: a rich progress bar and summary table, wandb (offline unless asked, never
-blocking a run), and one results.json per run dir, written atomically."""
+"""Where results go while a run runs: a rich progress bar and progress lines in the log, the
+experiment trackers (output/trackers.py: wandb, TensorBoard), the run's environment and name for
+results.json, and the summary and cost tables."""
 
 from __future__ import annotations
 
 import logging
 import os
 import platform
-import socket
 import subprocess
 import time
-import uuid
 from importlib import metadata
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from heads_lab.config.schemas import LoggerConfig, WandbConfig
+from heads_lab.config.schemas import LoggerConfig
 from heads_lab.config.sites import SITES
 from heads_lab.config.variants import shape_keys, variant
+from heads_lab.output import trackers
 from heads_lab.output.files import write_json  # noqa: F401 (tracking.write_json, kept for callers)
 from heads_lab.output.progress import clock
 
@@ -67,17 +66,7 @@ def _git_commit() -> dict[str, Any] | None:
     return {"commit": commit, "dirty": bool(dirty)}
 
 
-def _reachable(url: str, timeout: float = 3.0) -> bool:
-    parsed = urlparse(url)
-    try:
-        port = parsed.port or (80 if parsed.scheme == "http" else 443)
-        with socket.create_connection((parsed.hostname, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
-# How settings read in run names (wandb) and report rows: model.heads=8,seed=2 → h=8,seed=2.
+# How settings read in run names (the trackers') and report rows: model.heads=8,seed=2 → h=8,seed=2.
 SHORT_KEYS = {**{key: short for short, key in shape_keys()}, "model.head_dim": "d_k",
               "model.encoder_layers": "enc", "model.decoder_layers": "dec"}
 
@@ -102,34 +91,19 @@ def short_name(overrides: list[str], keys: list[str] | None = None) -> str:
 
 
 class Tracker:
-    """Console progress + optional wandb and TensorBoard. `log` takes metrics keyed like
-    'valid/ppl' (the same keys go to both)."""
+    """Console progress and the experiment trackers the logger config asks for (output/trackers.py).
+    `log` takes metrics keyed like 'valid/ppl' (the same keys go to every tracker)."""
 
     def __init__(self, logger_cfg: LoggerConfig, run_dir: Path, run_name: str, config: dict,
                  group: str | None = None, tags: list[str] | None = None):
-        self.wandb = None
-        self.tensorboard = None
         self.progress: Progress | None = None
         self.task = None
-        self.last_step, self.logged = 0, set()
-        if isinstance(logger_cfg, WandbConfig) and logger_cfg.mode.value != "disabled":
-            self.wandb = start_wandb(logger_cfg, run_dir, run_name, flatten(config),
-                                     logger_cfg.group or group, tags)
-        if getattr(logger_cfg, "tensorboard", False):
-            self.tensorboard = start_tensorboard(run_dir, run_name, config)
+        self.trackers = trackers.start_trackers(logger_cfg, run_dir, run_name, flatten(config),
+                                                group, list(tags or []))
 
-    def tensorboard_info(self) -> dict[str, Any] | None:
-        """Where the TensorBoard event files are (for results.json)."""
-        return None if self.tensorboard is None else {"dir": self.tensorboard.log_dir}
-
-    def wandb_info(self) -> dict[str, Any] | None:
-        """Where the wandb run is (for results.json and `heads-lab report --wandb`)."""
-        if self.wandb is None:
-            return None
-        run = self.wandb
-        return {"id": run.id, "name": run.name, "group": run.group, "project": run.project,
-                "job_type": run.job_type, "tags": list(run.tags or ()), "mode": run.settings.mode,
-                "dir": str(Path(run.dir).parent)}
+    def where(self) -> dict[str, Any]:
+        """Where each tracker's run is, by tracker name (None: not used), for results.json."""
+        return trackers.where(self.trackers)
 
     def start(self, total_steps: int | None) -> None:
         self.progress = Progress(
@@ -154,13 +128,8 @@ class Tracker:
         if "valid/ppl" in metrics:
             log.info("step %d  valid loss %.4f  ppl %.2f", step, metrics["valid/loss"],
                      metrics["valid/ppl"])
-        if self.wandb is not None:
-            self.wandb.log(metrics, step=step)
-        if self.tensorboard is not None:
-            for key, value in metrics.items():
-                self.tensorboard.add_scalar(key, value, step)
-            self.logged.update(metrics)
-        self.last_step = max(self.last_step, step)
+        for tracker in self.trackers:
+            tracker.log(step, metrics)
 
     def progress_line(self, step: int, metrics: dict[str, float]) -> str:
         """One line every trainer.log_every steps, for train.log and a non-interactive stdout
@@ -185,71 +154,8 @@ class Tracker:
 
     def finish(self, summary: dict[str, Any] | None = None, failed: bool = False) -> None:
         self.stop_progress()
-        if self.tensorboard is not None:
-            try:  # the run's final metrics (test BLEU, costs) at its last step, once
-                for key, value in (summary or {}).items():
-                    if isinstance(value, int | float) and key not in self.logged:
-                        self.tensorboard.add_scalar(key, value, self.last_step)
-                self.tensorboard.close()
-            except Exception as err:  # a tracker must never fail a finished run
-                log.warning("tensorboard close failed: %s", err)
-            self.tensorboard = None
-        if self.wandb is not None:
-            try:
-                if summary:
-                    self.wandb.summary.update(summary)
-                self.wandb.finish(exit_code=1 if failed else 0)
-            except Exception as err:  # a tracker must never fail a finished run
-                log.warning("wandb finish failed: %s", err)
-            self.wandb = None
-
-
-def start_wandb(cfg: WandbConfig, run_dir: Path, name: str, config: dict, group: str | None,
-                tags: list[str] | None = None, job_type: str | None = None, resume: bool = True):
-    """A wandb run in run_dir/wandb (offline unless cfg.mode=online and the server answers);
-    None, with a warning, if wandb cannot start: the tracker never fails or hangs a run.
-    With `resume`, a run dir's wandb run id is kept, so a resumed training run continues it."""
-    import wandb  # lazy: start-up time (wandb)
-
-    mode = cfg.mode.value
-    base_url = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
-    if mode == "online" and not _reachable(base_url):
-        log.warning("wandb: %s is unreachable; logging offline instead (sync later with "
-                    "`wandb sync %s/wandb`)", base_url, run_dir)
-        mode = "offline"
-    id_file = run_dir / "wandb-run-id"  # a resumed run continues the same wandb run
-    run_id = id_file.read_text().strip() if resume and id_file.is_file() else uuid.uuid4().hex[:8]
-    try:
-        if resume:
-            id_file.write_text(run_id + "\n")
-        return wandb.init(
-            project=cfg.project, entity=cfg.entity, mode=mode, dir=str(run_dir), name=name,
-            group=group, job_type=job_type or cfg.job_type,
-            tags=list(dict.fromkeys([*(tags or []), *cfg.tags])) or None,
-            notes=cfg.notes, config=config, reinit="create_new", id=run_id,
-            resume="allow",
-            settings=wandb.Settings(console="off", silent=True, init_timeout=60),
-        )
-    except Exception as err:  # never fail or hang a run for the tracker's sake
-        log.warning("wandb could not start (%s); continuing without it", str(err).splitlines()[0])
-        return None
-
-
-def start_tensorboard(run_dir: Path, name: str, config: dict):
-    """A TensorBoard writer in run_dir/tensorboard (one per job, so `tensorboard --logdir
-    <sweep dir>` lists a sweep's runs by their job dirs), with the run's name and config as
-    text; None, with a warning, if it cannot start (the tracker never fails a run)."""
-    try:
-        from torch.utils.tensorboard import SummaryWriter  # lazy: start-up time (torch, tensorboard)
-
-        writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
-        writer.add_text("run", f"{name}\n\n" + "\n".join(
-            f"    {k}: {v}" for k, v in sorted(flatten(config).items())), 0)
-        return writer
-    except Exception as err:
-        log.warning("tensorboard could not start (%s); continuing without it",
-                    str(err).splitlines()[0])
-        return None
+        tracked, self.trackers = self.trackers, []
+        trackers.finish(tracked, summary, failed)
 
 
 def summary_table(title: str, rows: list[tuple[str, str]]) -> Table:

@@ -207,7 +207,7 @@ def test_a_sweep_dir_holding_finished_runs_is_refused(tiny_run_dir, tmp_path):
 
 
 def test_a_finished_sweep_job_is_skipped_or_rerun_with_its_results_kept(tmp_path):
-    args = ["train", "-m", *TINY, "trainer.max_steps=4", "model.heads=2",
+    args = ["train", "-m", *TINY, "trainer.max_steps=4", "model.heads=2", "logger=tensorboard",
             f"hydra.sweep.dir={tmp_path / 's'}"]
     assert heads_lab(*args, cwd=tmp_path).returncode == 0
     (done,) = (tmp_path / "s").rglob("results.json")
@@ -219,6 +219,9 @@ def test_a_finished_sweep_job_is_skipped_or_rerun_with_its_results_kept(tmp_path
     assert rerun.returncode == 0, rerun.stderr
     (kept,) = done.parent.glob("previous-*/results.json")
     assert kept.read_bytes() == first and done.is_file()
+    # the trackers' files go aside too: the rerun's TensorBoard events start afresh
+    assert len(list(kept.parent.glob("tensorboard/events.*"))) == 1
+    assert len(list(done.parent.glob("tensorboard/events.*"))) == 1
 
 
 def _wandb_read(path: Path, *flags: str):
