@@ -29,7 +29,32 @@ def mds_coordinates(distances: np.ndarray, seed: int = 0) -> np.ndarray:
     d = 0.5 * (d + d.T)
     np.fill_diagonal(d, 0.0)
     mds = MDS(n_components=2, metric="precomputed", init="classical_mds", random_state=seed)
-    return mds.fit_transform(d)
+    if _classical_is_defined(d):
+        return mds.fit_transform(d)
+    # a matrix far from Euclidean (a barely trained model's heads) can have fewer than two
+    # positive eigenvalues: scikit-learn's classical start takes the root of a negative one
+    # (NaN) and SMACOF fails; start it from the classical solution with those clipped to 0
+    return mds.fit_transform(d, init=_classical(d))
+
+
+def _double_centred(d: np.ndarray) -> np.ndarray:
+    n = d.shape[0]
+    centre = np.eye(n) - np.full((n, n), 1.0 / n)
+    return -0.5 * centre @ (d ** 2) @ centre
+
+
+def _classical_is_defined(d: np.ndarray) -> bool:
+    """Whether classical MDS in 2-D takes roots of clearly positive eigenvalues only (one that
+    is 0 up to rounding may come out negative in scikit-learn's own computation)."""
+    eigenvalues = np.linalg.eigvalsh(_double_centred(d))
+    return bool(eigenvalues[-2] > 1e-9 * max(eigenvalues[-1], 0.0))
+
+
+def _classical(d: np.ndarray) -> np.ndarray:
+    """Classical MDS (Torgerson) in 2-D, negative eigenvalues clipped to 0: [heads, 2]."""
+    eigenvalues, vectors = np.linalg.eigh(_double_centred(d))
+    top = np.argsort(eigenvalues)[::-1][:2]
+    return vectors[:, top] * np.sqrt(np.clip(eigenvalues[top], 0.0, None))
 
 
 def within_layer(distances: np.ndarray, layers: int) -> list[dict[str, float]]:

@@ -209,6 +209,20 @@ def test_head_distances_are_clarks_js_per_query_across_layers():
     assert diversity(d, 2) == [pytest.approx(0.0, abs=1e-12), pytest.approx(d[2, 3])]
 
 
+def test_head_map_of_a_non_euclidean_matrix_is_finite():
+    """Four heads of a talking-heads model after 40 steps: classical MDS's second eigenvalue is
+    negative (scikit-learn's start took its root: NaN, and the analysis failed). The map starts
+    from the clipped classical solution and keeps the distances' order."""
+    d = np.array([[0.0, 0.043, 0.063, 0.015], [0.043, 0.0, 0.016, 0.1],
+                  [0.063, 0.016, 0.0, 0.128], [0.015, 0.1, 0.128, 0.0]])
+    xy = mds_coordinates(d)
+    assert xy.shape == (4, 2) and np.isfinite(xy).all()
+    mapped = np.linalg.norm(xy[:, None] - xy[None], axis=-1)
+    far, near = np.unravel_index(np.argmax(d), d.shape), (0, 3)  # 2-3 farthest, 0-3 close
+    assert mapped[far] == mapped.max() and mapped[near] < 0.5 * mapped[far]
+    np.testing.assert_allclose(mds_coordinates(d), xy)  # the same map each time
+
+
 def test_head_map_puts_identical_heads_together_and_groups_apart(tmp_path):
     from heads_lab.output import figures
 
