@@ -11,24 +11,23 @@ from typing import Any
 import numpy as np
 
 from heads_lab.analysis.head_map import mds_coordinates, within_layer
-from heads_lab.analysis.importance import importance_by_kind
-from heads_lab.analysis.lrp import head_relevance
 from heads_lab.analysis.maps import Sentence, collect_maps
+from heads_lab.analysis.measures import (
+    GRADIENT_MEASURES,
+    MAP_MEASURES,
+    MEASURES,
+    GradientMeasure,
+    Scores,
+    SiteMaps,
+)
 from heads_lab.analysis.metrics import (
-    confidence,
     diversity,
     head_distances,
-    positional,
-    rare_share,
-    syntactic,
 )
 from heads_lab.analysis.syntax import Matching, Tree, attach_arcs, read_conllu, treebank_split
-from heads_lab.config.sites import SITE, SITES
+from heads_lab.config.sites import SITES
 from heads_lab.data import Split
 from heads_lab.model.heads import attention_modules, head_kinds, map_kind, out_kind
-
-MAP_METRICS = ("confidence", "importance", "lrp", "positional_share", "self_share",
-               "rare_share", "syntactic_gain")
 
 
 @dataclass
@@ -77,27 +76,22 @@ def load_source(corpus, cfg, form: str, max_len: int) -> Source:
 
 def analyze(model, corpus, cfg, device, max_tokens: int, form: str = "NFC"
             ) -> tuple[dict[str, Any], list[Sentence]]:
-    """Every measurement (heads_lab.analysis) on cfg's sentences; returns (the analysis record,
+    """Every measure (analysis/measures.py) on cfg's sentences; returns (the analysis record,
     the sentences with their maps). `form` is the corpus's Unicode normalisation."""
     source = load_source(corpus, cfg, form, model.cfg.max_positions - 1)
     sentences = collect_maps(model, source.split, len(source.indices), device,
                              decoder=source.has_target)
     matching = (attach_arcs(sentences, source.texts, source.trees, corpus.tokenizer,
                             source.indices) if source.trees else None)
-    # importance needs a loss, so a target: a treebank without translations has none
-    importance = (importance_by_kind(model, source.split, len(source.indices), max_tokens, device)
-                  if source.has_target else {})
-    # LRP (Voita) too: its seeds are the decoder's predictions, one backward pass per sentence
-    lrp_n = len(source.indices) if cfg.lrp_sentences is None else min(cfg.lrp_sentences,
-                                                                       len(source.indices))
-    relevance = (head_relevance(model, source.split, lrp_n, device)
-                 if source.has_target and cfg.lrp else {})
+    n = len(source.indices)
+    gradient = {g.name: g.compute(model, source.split, g.sentences(cfg, n), device, max_tokens)
+                for g in GRADIENT_MEASURES if g.wanted(cfg, source.has_target)}
     train = corpus.splits["train"]
     freq = Counter(int(t) for i in range(len(train)) for t in train.src[i])
     modules = attention_modules(model)
     word_offsets = matching.offsets if matching else {}
-    grids: dict[str, dict[str, list]] = {name: {} for name in MAP_METRICS}
-    grid_kinds: dict[str, dict[str, str]] = {name: {} for name in MAP_METRICS}
+    grids: dict[str, dict[str, list]] = {m.name: {} for m in MEASURES}
+    grid_kinds: dict[str, dict[str, str]] = {m.name: {} for m in MEASURES}
     kinds, functions, distances, diversities, heads = {}, {}, {}, {}, []
     rare_counted: dict[str, int | None] = {}
     lrp_vs_importance: dict[str, float] = {}
@@ -109,35 +103,34 @@ def analyze(model, corpus, cfg, device, max_tokens: int, form: str = "NFC"
             continue
         first = modules[(site, 0)]
         kind, kinds[site] = map_kind(first), head_kinds(first)
-        m = _measure(site, maps, sentences, freq, word_offsets, cfg.rare_top_k, cfg.min_arcs)
-        rare_counted[site] = m["rare_sentences"]
-        if site == "enc-self":
-            syntax_tables = m["syntactic"]
-        layers, n_heads = m["confidence"].shape
-        m["importance"] = (np.stack([importance[(site, layer, kind)] for layer in range(layers)])
-                           if importance else np.full((layers, n_heads), np.nan))
-        out = out_kind(first)  # LRP is taken where the heads enter the output projection
-        lrp = (np.stack([relevance[(site, layer)] for layer in range(layers)])
-               if relevance else None)
-        m["lrp"] = (lrp if out == kind and lrp is not None
-                    else np.full((layers, n_heads), np.nan) if out == kind else None)
-        if lrp is not None and importance:
-            imp = np.stack([importance[(site, layer, out)] for layer in range(layers)])
+        s = SiteMaps(site, maps, sentences, freq, word_offsets, cfg)
+        layers, n_heads = maps[0].shape[:2]
+        m = {x.name: x.compute(s) for x in MAP_MEASURES}
+        m |= {g.name: _at_kind(g, gradient, site, kind, first, layers, n_heads)
+              for g in GRADIENT_MEASURES}
+        rare_counted[site] = s.rare[1]
+        if s.enc:
+            syntax_tables = s.syntactic
+        if "lrp" in gradient and "importance" in gradient:  # Voita's LRP vs Michel's importance
+            out = out_kind(first)  # LRP is taken where the heads enter the output projection
+            lrp, imp = (np.stack([gradient[name][(site, layer, out)] for layer in range(layers)])
+                        for name in ("lrp", "importance"))
             lrp_vs_importance[site] = _spearman(lrp.ravel(), imp.ravel())
-        functions[site], entries = _site_heads(site, kind, m, cfg)
+        functions[site], entries = _site_heads(site, kind, m, s, cfg)
         heads += entries
         empty = [[None] * n_heads for _ in range(layers)]
-        for metric in MAP_METRICS:
-            grids[metric][site] = empty if m[metric] is None else _rows(m[metric])
-            grid_kinds[metric][site] = kind
-        if importance:
-            heads += _other_kinds(site, kind, out, kinds[site], importance, lrp, layers, grids,
-                                  grid_kinds)
-        distances[site] = m["distances"].tolist()
-        diversities[site] = diversity(m["distances"], layers)
-        coords[site] = mds_coordinates(m["distances"]).tolist()
-        spread[site] = within_layer(m["distances"], layers)
+        for measure in MEASURES:
+            grids[measure.name][site] = (empty if m[measure.name] is None
+                                         else _rows(m[measure.name]))
+            grid_kinds[measure.name][site] = kind
+        heads += _other_kinds(site, kind, first, gradient, layers, grids, grid_kinds)
+        site_distances = head_distances(maps)
+        distances[site] = site_distances.tolist()
+        diversities[site] = diversity(site_distances, layers)
+        coords[site] = mds_coordinates(site_distances).tolist()
+        spread[site] = within_layer(site_distances, layers)
     mapped = [h for h in heads if "function" in h]
+    lrp = next(g for g in GRADIENT_MEASURES if g.name == "lrp")
     return {
         "source": source.name, "split": None if source.syntax == "treebank" else source.name,
         "sentences": len(sentences), "head_kinds": kinds,
@@ -152,65 +145,52 @@ def analyze(model, corpus, cfg, device, max_tokens: int, form: str = "NFC"
         "heads": heads, "grids": grids, "grid_kinds": grid_kinds, "functions": functions,
         "distances": distances, "diversity": diversities, "head_map": coords,
         "within_layer": spread, "lrp_vs_importance": lrp_vs_importance,
-        "lrp_sentences": lrp_n if relevance else 0,
+        "lrp_sentences": lrp.sentences(cfg, n) if "lrp" in gradient else 0,
     }, sentences
 
 
-def _other_kinds(site: str, kind: str, out: str, site_kinds, importance, lrp, layers: int,
+def _at_kind(measure: GradientMeasure, gradient: dict[str, Scores], site: str, kind: str,
+             first, layers: int, n_heads: int) -> np.ndarray | None:
+    """A gradient measure's [layers, heads] at the maps' kind: NaN where it did not run (no
+    target, or switched off), None where it does not score that kind (talking heads' LRP: the
+    value heads)."""
+    if kind not in measure.kinds(first):
+        return None
+    if measure.name not in gradient:
+        return np.full((layers, n_heads), np.nan)
+    return np.stack([gradient[measure.name][(site, layer, kind)] for layer in range(layers)])
+
+
+def _other_kinds(site: str, kind: str, first, gradient: dict[str, Scores], layers: int,
                  grids: dict, grid_kinds: dict) -> list[dict[str, Any]]:
-    """Talking heads: the importance of the query/key and value heads (and the LRP relevance of
-    the kind that enters the output projection, when it is not the maps' kind) into `grids`,
-    under importance_<kind> / lrp_<kind>; returns their entries in the heads list."""
+    """Talking heads: the gradient measures of the kinds other than the maps' (importance of the
+    query/key and value heads, LRP of the value heads) into `grids` as <measure>_<kind>; returns
+    their entries in the heads list."""
     heads = []
-    for other in site_kinds:
+    for other in head_kinds(first):
         if other == kind:
             continue
-        scores = np.stack([importance[(site, layer, other)] for layer in range(layers)])
-        grids.setdefault(f"importance_{other}", {})[site] = _rows(scores)
-        grid_kinds.setdefault(f"importance_{other}", {})[site] = other
-        if other == out and lrp is not None:
-            grids.setdefault(f"lrp_{other}", {})[site] = _rows(lrp)
-            grid_kinds.setdefault(f"lrp_{other}", {})[site] = other
-        heads += [{"site": site, "layer": layer, "kind": other, "head": h,
-                   "importance": float(scores[layer, h]),
-                   **({"lrp": float(lrp[layer, h])} if other == out and lrp is not None else {})}
-                  for layer in range(layers) for h in range(scores.shape[1])]
+        scores = {g.name: np.stack([gradient[g.name][(site, layer, other)]
+                                    for layer in range(layers)])
+                  for g in GRADIENT_MEASURES if g.name in gradient and other in g.kinds(first)}
+        for name, values in scores.items():
+            grids.setdefault(f"{name}_{other}", {})[site] = _rows(values)
+            grid_kinds.setdefault(f"{name}_{other}", {})[site] = other
+        if scores:
+            count = next(iter(scores.values())).shape[1]
+            heads += [{"site": site, "layer": layer, "kind": other, "head": h,
+                       **{name: float(values[layer, h]) for name, values in scores.items()}}
+                      for layer in range(layers) for h in range(count)]
     return heads
 
 
-def _measure(site: str, maps, sentences, freq, word_offsets, rare_top_k, min_arcs
-             ) -> dict[str, Any]:
-    """Every map measure of one site's heads, [layers, heads] arrays (None where the measure
-    does not apply: positional needs self-attention, rare-word source keys, syntax enc-self).
-    The encoder's EOS query and every source-side EOS key are left out (heads_lab.analysis).
-    The syntactic gain is the best over the relations that can label a head (≥ min_arcs)."""
-    enc, src_keys = site == "enc-self", SITE[site].key == "src"
-    pos = positional(maps, skip_last_query=enc, eos_key=src_keys)
-    syn = (syntactic(maps, [s.units for s in sentences], [s.arcs for s in sentences],
-                     word_offsets) if enc else {})
-    rare, rare_n = (rare_share(maps, [s.src for s in sentences], freq, skip_last_query=enc,
-                               top_k=rare_top_k) if src_keys else (None, None))
-    self_attention = SITE[site].self_attention
-    counted = [v for v in syn.values() if v["arcs"] >= min_arcs]
-    return {
-        "confidence": confidence(maps, skip_last_query=enc, eos_key=src_keys),
-        "positional_share": pos["share"] if self_attention else None,
-        "self_share": pos["self"] if self_attention else None,
-        "positional": pos,
-        "rare_share": rare, "rare_sentences": rare_n,
-        "syntactic": syn,
-        "syntactic_gain": (np.max([v["accuracy"] - v["baseline"] for v in counted], axis=0)
-                           if counted else None),
-        "distances": head_distances(maps),
-    }
-
-
-def _site_heads(site: str, kind: str, m: dict[str, Any], cfg) -> tuple[list[list[str]], list]:
+def _site_heads(site: str, kind: str, m: dict[str, Any], s: SiteMaps, cfg
+                ) -> tuple[list[list[str]], list]:
     """Each head's role (syntactic, positional, rare or other, in that precedence) and its
     analysis.json entry. Positional needs an offset ≠ 0: attending to oneself is not a role."""
-    syn, share, rare, pos = m["syntactic"], m["positional_share"], m["rare_share"], m["positional"]
+    syn, share, rare, pos = s.syntactic, m["positional_share"], m["rare_share"], s.positional
     counted = {k: v for k, v in syn.items() if v["arcs"] >= cfg.min_arcs}
-    layers, n_heads = m["confidence"].shape
+    layers, n_heads = pos["offset"].shape
     labels, entries = [["other"] * n_heads for _ in range(layers)], []
     for layer in range(layers):
         for head in range(n_heads):
@@ -225,9 +205,9 @@ def _site_heads(site: str, kind: str, m: dict[str, Any], cfg) -> tuple[list[list
             entries.append({
                 "site": site, "layer": layer, "kind": kind, "head": head,
                 "function": labels[layer][head],
-                "confidence": float(m["confidence"][layer, head]),
-                "importance": _number(m["importance"][layer, head]),
-                **({"lrp": _number(m["lrp"][layer, head])} if m["lrp"] is not None else {}),
+                **{x.name: float(m[x.name][layer, head]) for x in MAP_MEASURES if x.entry},
+                **{g.name: _number(m[g.name][layer, head]) for g in GRADIENT_MEASURES
+                   if m[g.name] is not None},
                 "positional": (None if share is None else
                                {"share": float(share[layer, head]), "offset": offset,
                                 "self_share": float(pos["self"][layer, head]),

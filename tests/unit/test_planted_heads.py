@@ -151,3 +151,29 @@ def test_analyze_finds_every_planted_head_and_only_its_role(setup):
     assert eos["syntactic_relations"] == [] and not eos["positional"]["is_positional"]
     # the planted heads, not the random ones of layer 0, are what the measures find
     assert all(heads[0, h]["function"] == "other" for h in range(4))
+
+
+def test_a_new_map_measure_plugs_in_through_the_declared_list(setup, monkeypatch, tmp_path):
+    """analysis/measures.py's recipe: one MEASURES entry (and its function) puts a measure in
+    analysis.json's grids, in each head's record (entry=True) and in the metric-grid figures.
+    The planted own-token head is the one whose diagonal weight is 1."""
+    from heads_lab.analysis import measures, record
+    from heads_lab.output import figures
+
+    def diagonal(s):  # mean weight a query gives its own token, [layers, heads]
+        return np.mean([np.diagonal(m, axis1=-2, axis2=-1).mean(-1) for m in s.maps], axis=0)
+
+    plugged = (*measures.MEASURES, measures.MapMeasure("own_token", diagonal, entry=True))
+    monkeypatch.setattr(record, "MEASURES", plugged)
+    monkeypatch.setattr(record, "MAP_MEASURES", tuple(m for m in plugged
+                                                      if isinstance(m, measures.MapMeasure)))
+    run, model, corpus, tok, treebank = setup
+    with planted(model, _plants(tok, treebank)):
+        result, _ = analyze(model, corpus, run.analysis, torch.device("cpu"), 4096)
+    grid = np.array(result["grids"]["own_token"]["enc-self"], dtype=float)
+    assert grid.shape == (2, 4) and grid[1, 1] == pytest.approx(1.0)
+    assert np.nanmax(np.delete(grid[1], 1)) < 0.5  # the others: previous token, syntax, EOS
+    heads = {(h["layer"], h["head"]): h for h in result["heads"] if h["site"] == "enc-self"}
+    assert heads[1, 1]["own_token"] == pytest.approx(1.0)
+    pngs = figures.metric_grids(result["grids"], tmp_path)
+    assert tmp_path / "heads_own_token.png" in pngs
