@@ -173,6 +173,7 @@ def train_task(cfg) -> float | None:
     from heads_lab.commands.train import run_training  # lazy: start-up time (torch)
 
     # lazy: start-up time (rich); bench's spawned peak-RSS children re-import this module
+    from heads_lab.output.trackers import check_installed
     from heads_lab.output.tracking import short_name
 
     hydra_cfg = HydraConfig.get()
@@ -185,6 +186,7 @@ def train_task(cfg) -> float | None:
             return finished
         run = to_object(cfg)
         validate(run)
+        check_installed(run.logger)
         overrides = list(hydra_cfg.overrides.task)
         name, group = short_name(overrides), None
         if hydra_cfg.mode == RunMode.MULTIRUN:  # named by what varies; grouped by the sweep

@@ -31,7 +31,7 @@ from heads_lab.config.compose import compose, expand_sweeps, to_object
 from heads_lab.config.validate import validate
 from heads_lab.errors import ConfigError, HeadsLabError, finished_run, one_line
 from heads_lab.output.files import write_json
-from heads_lab.output.trackers import RUN_FILES
+from heads_lab.output.trackers import RUN_FILES, check_installed
 from heads_lab.training import stops
 
 RERUN: list[str] = []
@@ -129,6 +129,7 @@ def check_sweep(overrides: list[str]) -> None:
         try:
             run = to_object(compose(job))
             validate(run)
+            check_installed(run.logger)
             if str(run.trainer.precision) == "bf16":  # stop once, not once per job
                 # lazy: start-up time (torch)
                 from heads_lab.training.device import check_precision, resolve_device

@@ -12,6 +12,7 @@ its name.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import socket
@@ -21,6 +22,7 @@ from typing import Any, ClassVar, Protocol
 from urllib.parse import urlparse
 
 from heads_lab.config.schemas import LoggerConfig, WandbConfig, WandbMode
+from heads_lab.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +30,8 @@ log = logging.getLogger(__name__)
 class ExperimentTracker(Protocol):
     name: ClassVar[str]  # its key in results.json (where its run is) and in warnings
     run_files: ClassVar[tuple[str, ...]]  # what it keeps in a run dir (`--rerun` moves them aside)
+    package: ClassVar[str]  # the module it imports, checked before a run starts
+    install: ClassVar[str]  # how to install it
 
     @classmethod
     def wanted(cls, cfg: LoggerConfig) -> bool:
@@ -58,6 +62,8 @@ class WandbTracker:
 
     name = "wandb"
     run_files = ("wandb-run-id",)
+    package = "wandb"
+    install = "pip install 'wandb>=0.19.10' (a heads-lab dependency: `make install`)"
 
     def __init__(self, run) -> None:
         self.run = run
@@ -95,6 +101,8 @@ class TensorBoardTracker:
 
     name = "tensorboard"
     run_files = ("tensorboard",)
+    package = "tensorboard"
+    install = "pip install 'tensorboard>=2.14' (a heads-lab dependency: `make install`)"
 
     def __init__(self, writer) -> None:
         self.writer = writer
@@ -141,6 +149,25 @@ class TensorBoardTracker:
 
 TRACKERS: tuple[type[ExperimentTracker], ...] = (WandbTracker, TensorBoardTracker)
 RUN_FILES = tuple(f for t in TRACKERS for f in t.run_files)
+
+
+def check_installed(cfg: LoggerConfig) -> None:
+    """Before a run starts: every tracker the logger config asks for is importable, else one
+    line naming the package and how to install it (ConfigError: exit 2, nothing trained)."""
+    for tracker in TRACKERS:
+        if tracker.wanted(cfg) and not _installed(tracker.package):
+            asked = f"logger={cfg.name}" + (" logger.tensorboard=true" if tracker.name !=
+                                            cfg.name and cfg.tensorboard else "")
+            raise ConfigError(f"{asked} needs the {tracker.package} package, which is not "
+                              f"installed: {tracker.install}, or choose another logger "
+                              "(logger=none)")
+
+
+def _installed(package: str) -> bool:
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def start_trackers(cfg: LoggerConfig, run_dir: Path, name: str, config: dict[str, Any],

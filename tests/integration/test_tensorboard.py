@@ -9,7 +9,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.conftest import TINY
-from tests.integration.test_cli import heads_lab
+from tests.integration.test_cli import _assert_one_line_error, heads_lab
 
 
 def _scalars(path) -> dict[str, list[tuple[int, float]]]:
@@ -47,3 +47,17 @@ def test_wandb_and_tensorboard_together(tmp_path):
     results = json.loads((run / "results.json").read_text())
     assert results["wandb"]["mode"] == "offline" and results["tensorboard"]["dir"].endswith("tensorboard")
     assert "valid/ppl" in _scalars(run / "tensorboard")
+
+
+@pytest.mark.parametrize("args", [["logger=tensorboard"], ["logger=wandb", "logger.tensorboard=true"],
+                                  ["-m", "logger=tensorboard", "model.heads=2,4"]])
+def test_tensorboard_missing_is_one_line_before_anything_trains(tmp_path, args):
+    hide = tmp_path / "hide"  # a Python where `import tensorboard` fails
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['tensorboard'] = None\n")
+    where = "hydra.sweep.dir" if "-m" in args else "hydra.run.dir"
+    proc = heads_lab("train", *TINY, *args, f"{where}={tmp_path / 'out'}", cwd=tmp_path,
+                     env={"PYTHONPATH": str(hide)})
+    _assert_one_line_error(proc, f"{' '.join(a for a in args if a.startswith('logger'))} needs "
+                           "the tensorboard package", "pip install 'tensorboard>=2.14'")
+    assert not list(tmp_path.rglob("results.json")) and not list(tmp_path.rglob("checkpoints"))

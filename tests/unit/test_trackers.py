@@ -128,3 +128,14 @@ def test_every_tracker_implements_the_interface():
             theirs = inspect.signature(getattr(tracker, name))
             assert list(theirs.parameters) == list(ours.parameters), (tracker.name, name)
     assert trackers.RUN_FILES == ("wandb-run-id", "tensorboard")
+
+
+def test_a_missing_tracker_package_is_named_with_its_fix(monkeypatch):
+    from heads_lab.errors import ConfigError
+
+    monkeypatch.setattr(trackers, "_installed", lambda package: package != "wandb")
+    with pytest.raises(ConfigError, match=r"^logger=wandb needs the wandb package, which is not "
+                       r"installed: pip install 'wandb>=0.19.10' .*\(logger=none\)$"):
+        trackers.check_installed(WandbConfig())
+    trackers.check_installed(LoggerConfig(name="tensorboard", tensorboard=True))  # installed
+    trackers.check_installed(WandbConfig(mode=WandbMode.disabled))  # not asked for
