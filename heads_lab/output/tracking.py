@@ -100,6 +100,7 @@ class Tracker:
         self.task = None
         self.trackers = trackers.start_trackers(logger_cfg, run_dir, run_name, flatten(config),
                                                 group, list(tags or []))
+        self.broken: list = []  # trackers that failed to log: still finished, never logged to
 
     def where(self) -> dict[str, Any]:
         """Where each tracker's run is, by tracker name (None: not used), for results.json."""
@@ -128,8 +129,13 @@ class Tracker:
         if "valid/ppl" in metrics:
             log.info("step %d  valid loss %.4f  ppl %.2f", step, metrics["valid/loss"],
                      metrics["valid/ppl"])
-        for tracker in self.trackers:
-            tracker.log(step, metrics)
+        for tracker in [t for t in self.trackers if t not in self.broken]:
+            try:
+                tracker.log(step, metrics)
+            except Exception as err:  # a tracker must never fail a run: it logs no more
+                log.warning("%s failed at step %d (%s); the run goes on without it", tracker.name,
+                            step, str(err).splitlines()[0] if str(err) else type(err).__name__)
+                self.broken.append(tracker)
 
     def progress_line(self, step: int, metrics: dict[str, float]) -> str:
         """One line every trainer.log_every steps, for train.log and a non-interactive stdout

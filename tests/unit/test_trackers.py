@@ -139,3 +139,21 @@ def test_a_missing_tracker_package_is_named_with_its_fix(monkeypatch):
         trackers.check_installed(WandbConfig())
     trackers.check_installed(LoggerConfig(name="tensorboard", tensorboard=True))  # installed
     trackers.check_installed(WandbConfig(mode=WandbMode.disabled))  # not asked for
+
+
+def test_a_tracker_failing_mid_run_is_a_warning_and_the_run_goes_on(tmp_path, registry, caplog,
+                                                                     monkeypatch):
+    def fail(self, step, metrics):
+        raise OSError("connection reset")
+
+    monkeypatch.setattr(Broken, "log", fail)
+    tracker = Tracker(LoggerConfig(name="recorder"), tmp_path, "run", {"model": {"heads": 4}})
+    recorder, broken = registry
+    with caplog.at_level(logging.WARNING):
+        tracker.log(10, {"train/loss": 3.0})
+        tracker.log(20, {"train/loss": 2.0})  # the broken one is not called again
+    assert caplog.text.count("broken failed at step 10 (connection reset)") == 1
+    assert [c[1] for c in recorder.calls if c[0] == "log"] == [10, 20]
+    assert tracker.where()["broken"] == {"dir": str(tmp_path)}  # its run is still said
+    tracker.finish(summary={"test/bleu": 1.0})
+    assert recorder.calls[-1] == ("finish", False)
