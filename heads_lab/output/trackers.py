@@ -156,8 +156,8 @@ def check_installed(cfg: LoggerConfig) -> None:
     line naming the package and how to install it (ConfigError: exit 2, nothing trained)."""
     for tracker in TRACKERS:
         if tracker.wanted(cfg) and not _installed(tracker.package):
-            asked = f"logger={cfg.name}" + (" logger.tensorboard=true" if tracker.name !=
-                                            cfg.name and cfg.tensorboard else "")
+            asked = f"logger={cfg.name}" + (f" logger.{tracker.name}=true"
+                                            if tracker.name != cfg.name else "")
             raise ConfigError(f"{asked} needs the {tracker.package} package, which is not "
                               f"installed: {tracker.install}, or choose another logger "
                               "(logger=none)")
