@@ -19,6 +19,9 @@ layers in bf16 against torch.nn.Transformer (with a torch.compile row), and the 
 Everything lands in --out: summary.md (the parts, their times and outcomes), gpu_check.json,
 cuda_tests.xml, bench.json, table_a/ (runs, report.md/.csv/.png), logs/.
 
+`--parts studies --study 'PRESET [OVERRIDE ...]'` (repeatable) runs other presets' whole sweeps
+the same way, one after another while time is left, each into <out>/<preset>/ with its report.
+
 `run --cpu` is the dry run that keeps this script from rotting between GPU windows (`make test`
 runs it): the same parts on CPU, the CUDA tests skipping with their reason, a tiny bench and a
 tiny two-run study on the embedded synthetic corpus. A user with a GPU runs the same two steps
@@ -55,7 +58,12 @@ MULTI30K = ("train.", "val.", "test_2016_flickr.")  # de and en: the study's pai
 # it needs to start at all).
 # Measured on an H200 (2026-11-26): tests 49 s, bench ~180 s (decoding and the compile row are
 # most of it), table_a 168 s for its 15 runs at once.
-GPU_PARTS = (("tests", 0.2, 30), ("bench", 0.4, 60), ("table_a", 0.6, 120))
+GPU_PARTS = (("tests", 0.2, 30), ("bench", 0.4, 60), ("table_a", 0.6, 120), ("studies", 1.0, 120))
+# the dry run's study: tiny, on the synthetic pair, two jobs at once as on the GPU
+DRY_STUDY = ["data=synthetic", "model=tiny", "trainer.max_steps=20", "trainer.valid_every=10",
+             "trainer.warmup_steps=5", "data.train_size=400", "data.valid_size=30",
+             "data.test_size=30", "data.vocab_size=200", "eval.beam=2", "trainer.precision=fp32",
+             "trainer.device=cpu", "hydra.launcher.n_jobs=2"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,10 +80,18 @@ def main(argv: list[str] | None = None) -> int:
                      help="seconds for the whole run (default 540: 9 min, inside a 10-min window)")
     run.add_argument("--site", default="/tmp/heads-lab-site", help="where missing wheels go")
     run.add_argument("--jobs", type=int, default=8, help="table_a jobs at once on the GPU")
-    run.add_argument("--parts", default="tests,bench,table_a", help="which parts, in order")
+    run.add_argument("--parts", default="tests,bench,table_a",
+                     help="which parts, in order: tests, bench, table_a, studies")
+    run.add_argument("--study", action="append", default=[], metavar="'PRESET [OVERRIDE ...]'",
+                     help="for the studies part (repeat it): a preset's whole sweep on the GPU, "
+                          "with its overrides, e.g. 'kv_heads seed=1,2,3'; into <out>/<preset>/ "
+                          "with its report, one study after another while time is left")
     opts = parser.parse_args(argv)
     if opts.command == "prepare":
         return prepare(Path(opts.data))
+    if "studies" in opts.parts.split(",") and not all(s.split() for s in opts.study or [""]):
+        parser.error("--parts studies needs at least one --study 'PRESET [OVERRIDE ...]', "
+                     "e.g. --study 'kv_heads seed=1,2,3'")
     return Check(opts).run()
 
 
@@ -282,11 +298,7 @@ class Check:
     def table_a(self, allowed: float):
         sweep = self.out / "table_a"
         if self.opts.cpu:  # two tiny runs on the synthetic pair, two at once, as on the GPU
-            args = ["+experiment=table_a", "data=synthetic", "model=tiny", "model.heads=1,4",
-                    "seed=1", "trainer.max_steps=20", "trainer.valid_every=10",
-                    "trainer.warmup_steps=5", "data.train_size=400", "data.valid_size=30",
-                    "data.test_size=30", "data.vocab_size=200", "eval.beam=2",
-                    "trainer.precision=fp32", "trainer.device=cpu", "hydra.launcher.n_jobs=2"]
+            args = ["+experiment=table_a", "model.heads=1,4", "seed=1", *DRY_STUDY]
         else:
             args = ["+experiment=table_a", "trainer.device=cuda",
                     f"hydra.launcher.n_jobs={self.opts.jobs}"]
@@ -305,6 +317,45 @@ class Check:
         detail = (f"{len(done)} runs finished; report exit {rep.returncode}; peak memory "
                   f"{peak:,.0f} MB" + (f"; MFU {min(mfu):.1%}-{max(mfu):.1%}" if mfu else ""))
         return ("ok" if proc.returncode == 0 and rep.returncode == 0 else "failed"), detail
+
+    def studies(self, allowed: float):
+        """Each --study in turn: the preset's sweep (its overrides after heads-lab's GPU ones),
+        then its report. A study that would overrun what is left is stopped; its finished runs
+        are kept and reported, and the studies after it are cut."""
+        ended = time.monotonic() + allowed
+        said, failed, cut = [], False, False
+        presets = [spec.split()[0] for spec in self.opts.study]
+        for i, spec in enumerate(self.opts.study):
+            preset, *extra = spec.split()
+            name = preset if presets.count(preset) == 1 else f"{preset}-{i + 1}"
+            sweep, report_s = self.out / name, 60 if self.opts.cpu else 30
+            left = ended - time.monotonic()
+            if left < report_s + 30 and not self.opts.cpu:
+                said.append(f"{name}: cut ({left:.0f} s left)")
+                cut = True
+                continue
+            ours = DRY_STUDY if self.opts.cpu else ["trainer.device=cuda",
+                                                     f"hydra.launcher.n_jobs={self.opts.jobs}"]
+            keys = {a.split("=")[0] for a in extra}
+            ours = [a for a in ours if a.split("=")[0] not in keys]  # the study's own win
+            args = ["-m", "hydra/launcher=local", "trainer.threads=1", "logger=none",
+                    "trainer.save_checkpoint=false", f"hydra.sweep.dir={sweep}",
+                    f"+experiment={preset}", *ours, *extra]
+            try:
+                proc = self.sh(name, self.heads_lab("train", *args), left - report_s)
+                code = str(proc.returncode)
+            except subprocess.TimeoutExpired:
+                code, cut = "stopped at the time left", True
+            done = sorted(sweep.glob("*/results.json"))
+            if done:
+                rep = self.sh(f"{name}_report", self.heads_lab("report", str(sweep)),
+                              max(1.0, min(report_s, ended - time.monotonic())))
+                code += f", report exit {rep.returncode}"
+                failed |= rep.returncode != 0
+            failed |= code.split(",")[0] not in ("0", "stopped at the time left") or (
+                not done and code == "0")
+            said.append(f"{name}: {len(done)} runs finished (exit {code}; logs/{name}.log)")
+        return ("failed" if failed else "cut" if cut else "ok"), "; ".join(said)
 
     # ---- the end
 

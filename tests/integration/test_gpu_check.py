@@ -61,3 +61,32 @@ def test_a_used_output_folder_is_refused(tmp_path):
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and "is not empty; give a new or empty --out folder" in proc.stderr
     assert (tmp_path / "old.txt").read_text() == "an earlier check"
+
+
+def test_the_studies_part_runs_each_preset_with_its_overrides_and_reports_it(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "run", "--cpu",
+                           "--out", str(out), "--parts", "studies", "--study",
+                           "talking_heads_mix mix=mha,logits seed=1 hydra.launcher.n_jobs=1"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    parts = {p["part"]: p for p in json.loads((out / "gpu_check.json").read_text())["parts"]}
+    assert list(parts) == ["install", "environment", "studies"]
+    assert parts["studies"]["status"] == "ok"
+    assert "talking_heads_mix: 2 runs finished" in parts["studies"]["detail"]
+    runs = [json.loads(p.read_text()) for p in sorted((out / "talking_heads_mix").glob("*/results.json"))]
+    assert sorted(r["config"]["model"]["attention"] for r in runs) == ["mha", "talking_heads"]
+    assert {r["config"]["seed"] for r in runs} == {1}
+    command = (out / "logs" / "talking_heads_mix.log").read_text().splitlines()[0]
+    assert command.count("hydra.launcher.n_jobs=") == 1 and "hydra.launcher.n_jobs=1" in command
+    report = (out / "talking_heads_mix" / "report.md").read_text()
+    assert "mixes=logits" in report
+
+
+def test_the_studies_part_without_a_study_is_refused(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "run", "--cpu",
+                           "--out", str(tmp_path / "out"), "--parts", "studies"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "--parts studies needs at least one --study 'PRESET [OVERRIDE ...]'" in proc.stderr
+    assert not (tmp_path / "out").exists()
