@@ -342,19 +342,19 @@ class Check:
                     "trainer.save_checkpoint=false", f"hydra.sweep.dir={sweep}",
                     f"+experiment={preset}", *ours, *extra]
             try:
-                proc = self.sh(name, self.heads_lab("train", *args), left - report_s)
-                code = str(proc.returncode)
-            except subprocess.TimeoutExpired:
-                code, cut = "stopped at the time left", True
+                exit_code = self.sh(name, self.heads_lab("train", *args), left - report_s).returncode
+                how, stopped = f"exit {exit_code}", False
+            except subprocess.TimeoutExpired:  # stopped at the time left: not a failure
+                exit_code, how, stopped = 0, "stopped at the time left", True
+            cut |= stopped
             done = sorted(sweep.glob("*/results.json"))
+            failed |= exit_code != 0 or (not done and not stopped)
             if done:
                 rep = self.sh(f"{name}_report", self.heads_lab("report", str(sweep)),
                               max(1.0, min(report_s, ended - time.monotonic())))
-                code += f", report exit {rep.returncode}"
+                how += f", report exit {rep.returncode}"
                 failed |= rep.returncode != 0
-            failed |= code.split(",")[0] not in ("0", "stopped at the time left") or (
-                not done and code == "0")
-            said.append(f"{name}: {len(done)} runs finished (exit {code}; logs/{name}.log)")
+            said.append(f"{name}: {len(done)} runs finished ({how}; logs/{name}.log)")
         return ("failed" if failed else "cut" if cut else "ok"), "; ".join(said)
 
     # ---- the end

@@ -73,7 +73,7 @@ def test_the_studies_part_runs_each_preset_with_its_overrides_and_reports_it(tmp
     parts = {p["part"]: p for p in json.loads((out / "gpu_check.json").read_text())["parts"]}
     assert list(parts) == ["install", "environment", "studies"]
     assert parts["studies"]["status"] == "ok"
-    assert "talking_heads_mix: 2 runs finished" in parts["studies"]["detail"]
+    assert "talking_heads_mix: 2 runs finished (exit 0, report exit 0" in parts["studies"]["detail"]
     runs = [json.loads(p.read_text()) for p in sorted((out / "talking_heads_mix").glob("*/results.json"))]
     assert sorted(r["config"]["model"]["attention"] for r in runs) == ["mha", "talking_heads"]
     assert {r["config"]["seed"] for r in runs} == {1}
@@ -90,3 +90,36 @@ def test_the_studies_part_without_a_study_is_refused(tmp_path):
     assert proc.returncode == 2
     assert "--parts studies needs at least one --study 'PRESET [OVERRIDE ...]'" in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_study_stopped_at_the_time_left_keeps_and_reports_its_finished_runs(tmp_path):
+    import argparse
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    opts = argparse.Namespace(out=str(tmp_path / "out"), cpu=True, jobs=2, budget=540.0,
+                              study=["kv_heads seed=1,2,3", "table_a"])
+    check = gpu_check.Check(opts)
+    calls = []
+
+    def sh(name, cmd, timeout):  # the sweep finishes one run, then meets the time left
+        calls.append(name)
+        if name == "kv_heads":
+            run = check.out / "kv_heads" / "0_run"
+            run.mkdir(parents=True)
+            (run / "results.json").write_text("{}")
+            raise subprocess.TimeoutExpired(cmd, timeout)
+        return subprocess.CompletedProcess(cmd, 0 if name.endswith("_report") else 1)
+
+    check.sh = sh
+    status, detail = check.studies(600.0)
+    assert calls == ["kv_heads", "kv_heads_report", "table_a"]
+    assert "kv_heads: 1 runs finished (stopped at the time left, report exit 0" in detail
+    assert "table_a: 0 runs finished (exit 1" in detail
+    assert status == "failed"  # table_a's sweep failed; kv_heads alone would say "cut"
+    check.opts.study = ["kv_heads"]
+    (check.out / "kv_heads" / "0_run" / "results.json").unlink()
+    (check.out / "kv_heads" / "0_run").rmdir()
+    assert check.studies(600.0)[0] == "cut"
