@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--budget", type=float, default=540.0,
                      help="seconds for the whole run (default 540: 9 min, inside a 10-min window)")
     run.add_argument("--site", default="/tmp/heads-lab-site", help="where missing wheels go")
-    run.add_argument("--jobs", type=int, default=8, help="table_a jobs at once on the GPU")
+    run.add_argument("--jobs", type=int, default=8, help="jobs at once on the GPU (table_a, studies)")
     run.add_argument("--parts", default="tests,bench,table_a",
                      help="which parts, in order: tests, bench, table_a, studies")
     run.add_argument("--study", action="append", default=[], metavar="'PRESET [OVERRIDE ...]'",
@@ -210,6 +210,17 @@ class Check:
     def heads_lab(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "heads_lab", *args]
 
+    def sweep_command(self, sweep: Path, preset: str, extra: list[str]) -> list[str]:
+        """`heads-lab train -m` of a preset's sweep into `sweep`: on the GPU (--jobs at once) or,
+        in the dry run, tiny on CPU; the study's own overrides (`extra`) win over these."""
+        ours = DRY_STUDY if self.opts.cpu else ["trainer.device=cuda",
+                                                 f"hydra.launcher.n_jobs={self.opts.jobs}"]
+        keys = {a.split("=")[0] for a in extra}
+        return self.heads_lab("train", "-m", "hydra/launcher=local", "trainer.threads=1",
+                              "logger=none", "trainer.save_checkpoint=false",
+                              f"hydra.sweep.dir={sweep}", f"+experiment={preset}",
+                              *[a for a in ours if a.split("=")[0] not in keys], *extra)
+
     # ---- parts
 
     def install(self, allowed: float):
@@ -297,15 +308,10 @@ class Check:
 
     def table_a(self, allowed: float):
         sweep = self.out / "table_a"
-        if self.opts.cpu:  # two tiny runs on the synthetic pair, two at once, as on the GPU
-            args = ["+experiment=table_a", "model.heads=1,4", "seed=1", *DRY_STUDY]
-        else:
-            args = ["+experiment=table_a", "trainer.device=cuda",
-                    f"hydra.launcher.n_jobs={self.opts.jobs}"]
-        common = ["-m", "hydra/launcher=local", "trainer.threads=1", "logger=none",
-                  "trainer.save_checkpoint=false", f"hydra.sweep.dir={sweep}"]
+        # the dry run: two tiny runs on the synthetic pair, two at once, as on the GPU
+        args = ["model.heads=1,4", "seed=1"] if self.opts.cpu else []
         report_s = 40 if not self.opts.cpu else 60
-        proc = self.sh("table_a", self.heads_lab("train", *common, *args), allowed - report_s)
+        proc = self.sh("table_a", self.sweep_command(sweep, "table_a", args), allowed - report_s)
         done = sorted(sweep.glob("*/results.json"))
         if not done:
             return "failed", f"no run finished (exit {proc.returncode}; logs/table_a.log)"
@@ -334,15 +340,9 @@ class Check:
                 said.append(f"{name}: cut ({left:.0f} s left)")
                 cut = True
                 continue
-            ours = DRY_STUDY if self.opts.cpu else ["trainer.device=cuda",
-                                                     f"hydra.launcher.n_jobs={self.opts.jobs}"]
-            keys = {a.split("=")[0] for a in extra}
-            ours = [a for a in ours if a.split("=")[0] not in keys]  # the study's own win
-            args = ["-m", "hydra/launcher=local", "trainer.threads=1", "logger=none",
-                    "trainer.save_checkpoint=false", f"hydra.sweep.dir={sweep}",
-                    f"+experiment={preset}", *ours, *extra]
             try:
-                exit_code = self.sh(name, self.heads_lab("train", *args), left - report_s).returncode
+                exit_code = self.sh(name, self.sweep_command(sweep, preset, extra),
+                                    left - report_s).returncode
                 how, stopped = f"exit {exit_code}", False
             except subprocess.TimeoutExpired:  # stopped at the time left: not a failure
                 exit_code, how, stopped = 0, "stopped at the time left", True
