@@ -67,7 +67,8 @@ def test_the_studies_part_runs_each_preset_with_its_overrides_and_reports_it(tmp
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "run", "--cpu",
                            "--out", str(out), "--parts", "studies", "--study",
-                           "talking_heads_mix mix=mha,logits seed=1 hydra.launcher.n_jobs=1"],
+                           "talking_heads_mix mix=mha,logits seed=1 hydra.launcher.n_jobs=1",
+                           "--study", "heads_by_data seed=1 data.train_fraction=1.0 model.heads=2"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     parts = {p["part"]: p for p in json.loads((out / "gpu_check.json").read_text())["parts"]}
@@ -81,6 +82,12 @@ def test_the_studies_part_runs_each_preset_with_its_overrides_and_reports_it(tmp
     assert command.count("hydra.launcher.n_jobs=") == 1 and "hydra.launcher.n_jobs=1" in command
     report = (out / "talking_heads_mix" / "report.md").read_text()
     assert "mixes=logits" in report
+    # a preset that evaluates its best validation's weights keeps its checkpoints (the GPU check
+    # once passed trainer.save_checkpoint=false to every study, and heads_by_data refused to run)
+    assert "heads_by_data: 1 runs finished (exit 0, report exit 0" in parts["studies"]["detail"]
+    (hbd,) = [json.loads(p.read_text()) for p in (out / "heads_by_data").glob("*/results.json")]
+    assert hbd["train"]["evaluated"]["checkpoint"] == "best"
+    assert "trainer.save_checkpoint=false" in command  # the study that reads none writes none
 
 
 def test_the_studies_part_without_a_study_is_refused(tmp_path):
