@@ -32,6 +32,7 @@ from heads_lab.commands.report_rows import (
     NOT_APPLICABLE,
     SHAPE,
     Row,
+    Run,
     base_row,
     collect,
     group,
@@ -104,6 +105,9 @@ def render(rows: list[Row], base: Row, varying: list[str], split: str,
     gated = any(k.startswith("heads_kept/") for row in rows for r in row.runs for k in r.metrics)
     if gated:  # Hard Concrete gates (prune.l0_lambda): heads kept per attention type
         header += list(KEPT_COLUMNS)
+    best = any(evaluated(r) == "best" for row in rows for r in row.runs)
+    if best:  # eval.checkpoint=best: which validation's weights were evaluated
+        header += ["best step"]
     if paper:
         header += ["paper PPL", "paper BLEU"]
     body = []
@@ -133,6 +137,9 @@ def render(rows: list[Row], base: Row, varying: list[str], split: str,
         if gated:
             cells += [stat([x.get(f"heads_kept/{site}") for x in m], 1)
                       for site in SITES]
+        if best:
+            cells += [stat([r.results.get("train", {}).get("evaluated", {}).get("step")
+                            if evaluated(r) == "best" else None for r in row.runs], 0)]
         if paper:
             published = paper["rows"].get(c.get(paper["key"]))
             cells += [f"{published[0]:.2f}", f"{published[1]:.1f}"] if published else ["", ""]
@@ -153,16 +160,27 @@ def render(rows: list[Row], base: Row, varying: list[str], split: str,
                         for r in row.runs if "heads_kept/enc-self" in r.metrics})
         note += (f"; kept: heads the test-time gates keep, by the {' / '.join(rules)} rule "
                  "(prune.gate_eval)")
+    if best:
+        kinds = {evaluated(r) for row in rows for r in row.runs}
+        note += ("; evaluated: the best validation's weights (eval.checkpoint=best), from the "
+                 "best step" + ("" if kinds == {"best"} else ", in the runs that have one; the "
+                                "others' last weights"))
     if paper:
         note += f"; paper columns: {paper['label']} (theirs, not ours)"
     return {"header": header, "rows": body, "note": note, "varying": varying}
+
+
+def evaluated(run: Run) -> str:
+    """Which weights a run's BLEU and PPL come from: "best" (eval.checkpoint=best) or "last"."""
+    return (run.results.get("train", {}).get("evaluated") or {}).get("checkpoint") or "last"
 
 
 def curves(rows: list[Row], varying: list[str]) -> tuple[str | None, dict[str, list[int]]]:
     """What the quality plot draws: the x setting (the one numeric setting that varies; where
     several do, the one swept on the command line if the others follow from it, as d_k and h_V
     follow h_K; else None: the rows side by side) and one line per value of the other varying
-    settings (attention=mha, attention=talking_heads), each as row indices in the order of x."""
+    settings (attention=mha, attention=talking_heads), each as row indices in the order of x.
+    A preset's `report.x` picks the x setting where several numeric ones are swept."""
     def is_number(value: Any) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -170,13 +188,17 @@ def curves(rows: list[Row], varying: list[str]) -> tuple[str | None, dict[str, l
     numbers = [k for k in varying if all(is_number(row.runs[0].config.get(k)) for row in rows)]
     on_command_line = swept([run for row in rows for run in row.runs])
     candidates = numbers if len(numbers) == 1 else [k for k in numbers if k in on_command_line]
+    chosen = rows[0].runs[0].config.get("report.x") if rows else None
+    if chosen in numbers:  # the preset names it (heads_by_data: data size, a line per h)
+        candidates = [chosen]
     if len(candidates) != 1:
         return side_by_side
     x_key = candidates[0]
+    # a line per value of the other settings: the non-numeric ones, or with report.x every other
+    by = [k for k in varying if k != x_key and (chosen == x_key or k not in numbers)]
     lines: dict[str, list[int]] = {}
     for i, row in enumerate(rows):
-        label = ",".join(f"{short_key(k)}={row.runs[0].config.get(k)}" for k in varying
-                         if k not in numbers)
+        label = ",".join(f"{short_key(k)}={row.runs[0].config.get(k)}" for k in by)
         lines.setdefault(label, []).append(i)
     if any(len({rows[i].runs[0].config.get(x_key) for i in order}) != len(order)
            for order in lines.values()):  # another number varies on its own: no single x
@@ -216,6 +238,9 @@ def plot(rows: list[Row], varying: list[str], split: str, out: Path) -> list[Pat
         ax.set_xlabel(x_key if numeric else "setting")
         if numeric and min(xs) > 0 and max(xs) / min(xs) >= 8:
             ax.set_xscale("log", base=2)
+            ticks = sorted(set(xs))  # the settings themselves (0.1, 0.3, 1; 1, 8, 32), not 2^k
+            ax.set_xticks(ticks, [f"{x:g}" for x in ticks])
+            ax.minorticks_off()
         if not numeric:
             ax.set_xticks(range(len(rows)), [rows[i].label for i in range(len(rows))],
                           rotation=30, ha="right", fontsize=8)

@@ -134,6 +134,53 @@ def test_no_x_axis_where_a_second_number_varies_on_its_own():
     assert curves(rows, varying) == (None, {"": [0, 1, 2]})
 
 
+def _by_data(seed: int, fraction: float, heads: int, best_step: int | None) -> Run:
+    """A heads_by_data run: h and the data fraction swept, evaluated on its best weights."""
+    run = _run(seed, heads=heads)
+    run.config.update({"data.train_fraction": fraction, "report.x": "data.train_fraction"})
+    run.results["overrides"] = [f"seed={seed}", f"data.train_fraction={fraction}",
+                                f"model.heads={heads}"]
+    run.results["train"] = {"evaluated": {"checkpoint": "best", "step": best_step}
+                            if best_step else {"checkpoint": "last", "step": 1000}}
+    return run
+
+
+def test_the_preset_names_the_x_axis_where_two_swept_numbers_vary():
+    """heads_by_data sweeps h and the data fraction: without report.x no single x (a grid); with
+    it, BLEU against data size, one line per h."""
+    from heads_lab.commands.report import curves
+
+    runs = [_by_data(1, f, h, 500) for h in (8, 1) for f in (1.0, 0.1, 0.3)]
+    rows, varying = group(runs)
+    x_key, lines = curves(rows, varying)
+    assert x_key == "data.train_fraction"
+    assert {label: [rows[i].runs[0].config["data.train_fraction"] for i in order]
+            for label, order in lines.items()} == {"h=1": [0.1, 0.3, 1.0], "h=8": [0.1, 0.3, 1.0]}
+    for run in runs:
+        run.config["report.x"] = None
+    assert curves(*group(runs)) == (None, {"": [0, 1, 2, 3, 4, 5]})
+    for run in runs:  # a report.x that does not vary here is no x
+        run.config["report.x"] = "model.d_model"
+    assert curves(*group(runs))[0] is None
+
+
+def test_runs_evaluated_on_their_best_weights_show_the_best_step_and_say_so():
+    runs = [_by_data(1, 0.1, 8, 300), _by_data(2, 0.1, 8, 500), _by_data(1, 1.0, 8, 1000)]
+    rows, varying = group(runs)
+    table = render(rows, rows[0], varying, "test", None)
+    column = table["header"].index("best step")
+    assert [b[column] for b in table["rows"]] == ["400 ± 141", "1,000"]
+    assert "evaluated: the best validation's weights (eval.checkpoint=best)" in table["note"]
+    assert "last weights" not in table["note"]
+    mixed = runs + [_by_data(3, 0.1, 8, None)]  # one run evaluated its last weights
+    table = render(*(lambda r, v: (r, r[0], v))(*group(mixed)), "test", None)
+    assert [b[table["header"].index("best step")] for b in table["rows"]][0] == "400 ± 141"
+    assert "in the runs that have one; the others' last weights" in table["note"]
+    plain = render(*(lambda r, v: (r, r[0], v))(*group([_run(1, heads=h) for h in (1, 8)])),
+                   "test", None)
+    assert "best step" not in plain["header"] and "evaluated" not in plain["note"]
+
+
 def test_an_older_rectangular_talking_heads_run_is_its_own_row_with_the_start_it_had(tmp_path):
     """results.json written before model.mix_init: a rectangular run started as the identity
     (read back so), not as today's default; a square run's start is today's default (one row)."""
