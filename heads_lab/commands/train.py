@@ -96,6 +96,7 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
         eval_s = time.perf_counter() - eval_started
 
         metrics = _metrics(split_name, result, ppl, scores, params, costs, peak.mb(), model)
+        metrics.update(_evaluated_validation(result, evaluated))
         _gpu_mfu(metrics, costs, device, precision)
         results = {
             "status": "complete", "name": run_name, "overrides": overrides,
@@ -235,6 +236,20 @@ def _evaluated_weights(run: RunConfig, model, run_dir: Path, result) -> dict[str
     step = state["progress"]["step"]
     log.info("evaluating the best validation's weights (step %d of %d)", step, result.steps)
     return {"checkpoint": "best", "step": step}
+
+
+def _evaluated_validation(result, evaluated: dict[str, Any]) -> dict[str, float]:
+    """valid/loss and valid/ppl of the weights that were evaluated: with eval.checkpoint=best,
+    the best validation's (its entry in the history), not the last validation's, so that a
+    row's valid PPL and test BLEU come from one model. Empty where the last weights were."""
+    if evaluated["checkpoint"] != "best":
+        return {}
+    found = [h for h in result.history if h.get("step") == evaluated["step"] and "valid/loss" in h]
+    if not found:  # cannot happen: best.pt is written at a validation, kept in the history
+        log.warning("no validation at the best step %d in the history: valid/ppl is the last "
+                    "validation's", evaluated["step"])
+        return {}
+    return {"valid/loss": found[-1]["valid/loss"], "valid/ppl": found[-1]["valid/ppl"]}
 
 
 def _subset_train(run: RunConfig, corpus) -> None:

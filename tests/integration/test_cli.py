@@ -343,12 +343,17 @@ def test_the_best_validation_weights_are_evaluated_when_asked(tmp_path):
     from heads_lab.training import checkpoint
     from heads_lab.training.evaluate import perplexity
 
-    proc = heads_lab("train", *TINY, "eval.checkpoint=best", "trainer.valid_every=5", cwd=tmp_path)
+    # a learning rate that climbs to 1.0 over the 30 steps: the model gets better, then diverges,
+    # so the best validation is an early one and the last is far worse
+    proc = heads_lab("train", *TINY, "eval.checkpoint=best", "trainer.valid_every=5",
+                     "trainer.lr=1.0", "trainer.warmup_steps=30", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     (found,) = _results(tmp_path / "outputs")
     results = json.loads(found.read_text())
     train = results["train"]
     best = min(train["valid_history"], key=lambda h: h["valid/loss"])
+    last = train["valid_history"][-1]
+    assert best["step"] < last["step"] == 30 and last["valid/loss"] > best["valid/loss"] + 1
     assert train["evaluated"] == {"checkpoint": "best", "step": best["step"]}
     assert train["best_step"] == best["step"]
     t = load(found.parent, [])  # the newest checkpoint; then best.pt's weights
@@ -356,7 +361,11 @@ def test_the_best_validation_weights_are_evaluated_when_asked(tmp_path):
     t.model.load_state_dict(state["model"])
     with torch.no_grad():
         ppl = perplexity(t.model, t.corpus.splits["test"], 1024, torch.device("cpu"))
+        valid = perplexity(t.model, t.corpus.splits["valid"], 1024, torch.device("cpu"))
     assert results["metrics"]["test/ppl"] == pytest.approx(ppl["ppl"], rel=1e-6)
+    # the valid PPL reported is the evaluated weights' (the best validation), not the last one's
+    assert results["metrics"]["valid/loss"] == best["valid/loss"]
+    assert results["metrics"]["valid/ppl"] == pytest.approx(valid["ppl"], rel=1e-5)
 
 
 def test_a_run_logs_a_progress_line_every_log_every_steps(tiny_run_dir):
