@@ -31,8 +31,11 @@ $(DEV_STAMP): $(STAMP)
 demo: install  ## train on the embedded synthetic language pair and print PPL / BLEU
 	$(BIN)/heads-lab train $(ARGS)
 
-test: install-dev  ## unit + integration tests, without the slow ones
+test: install-dev  ## unit + integration tests, without the slow ones; the CUDA tests' logic on CPU
 	$(BIN)/python -m pytest -q -m "not slow" tests $(ARGS)
+	@# tests/cuda skip without a GPU; on the CPU (CPU against CPU, ~15 s) they still catch a
+	@# test that no longer matches the code (a renamed function went unseen until a GPU ran them)
+	HEADS_LAB_CUDA_TESTS_ON=cpu $(BIN)/python -m pytest -q -p no:cacheprovider -m cuda tests/cuda
 
 test-slow: install-dev
 	$(BIN)/python -m pytest -q -m slow tests $(ARGS)

@@ -180,9 +180,9 @@ def test_fused_sdpa_equals_the_explicit_attention_path_in_fp32(case, device, no_
     kv_heads, relative, lengths, causal, cross = SDPA_CASES[case]
     q_in = torch.zeros(1, 1, 1, 8, device=device)
     if device.type == "cuda":
-        assert not attention_module._bmm_is_faster(q_in, q_in)  # the SDPA branch runs as is
+        assert not attention_module.bmm_is_faster(q_in, q_in)  # the SDPA branch runs as is
     else:  # the CPU takes its own bmm path at these lengths: send it through SDPA, as CUDA does
-        monkeypatch.setattr(attention_module, "_bmm_is_faster", lambda q, k: False)
+        monkeypatch.setattr(attention_module, "bmm_is_faster", lambda q, k: False)
     calls = []
     sdpa = F.scaled_dot_product_attention
 
