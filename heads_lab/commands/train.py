@@ -76,7 +76,7 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
                    if run.trainer.save_checkpoint else None)
     try:
         if main_rank:
-            tracker.start(run.trainer.max_steps)
+            tracker.start(run.trainer.max_steps, run.trainer.max_time)
         with stop_signals() as stop:
             result = train(model, train_split, corpus.splits["valid"], run.trainer, run.seed,
                            device, tracker.log, checkpoints=checkpoints, stop_requested=stop,

@@ -106,7 +106,7 @@ class Tracker:
         """Where each tracker's run is, by tracker name (None: not used), for results.json."""
         return trackers.where(self.trackers)
 
-    def start(self, total_steps: int | None) -> None:
+    def start(self, total_steps: int | None, max_time: float | None = None) -> None:
         self.progress = Progress(
             TextColumn("[bold]train"), BarColumn(), TextColumn("step {task.completed}/{task.total}"),
             TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
@@ -116,6 +116,7 @@ class Tracker:
         self.progress.start()
         self.task = self.progress.add_task("train", total=total_steps, loss="-", tps="-")
         self.total, self.started, self.first = total_steps, time.monotonic(), None
+        self.max_time = max_time
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if self.progress is not None and self.task is not None:
@@ -140,14 +141,17 @@ class Tracker:
     def progress_line(self, step: int, metrics: dict[str, float]) -> str:
         """One line every trainer.log_every steps, for train.log and a non-interactive stdout
         (a SLURM .out file, nohup, CI), as fairseq writes: step/max, loss, lr, tokens/s,
-        elapsed and ETA (from the pace since the first such line, so a resumed run's too)."""
+        elapsed and ETA (from the pace since the first such line, so a resumed run's too; under
+        trainer.max_time, the budget's seconds left where they end the run first)."""
         now = time.monotonic()
         if self.first is None:
             self.first = (step, now)
         done, spent = step - self.first[0], now - self.first[1]
         total = self.total if self.total else None
-        eta = (clock(spent / done * (total - step)) if total and done > 0 and step <= total
-               else "?")
+        left = [spent / done * (total - step)] if total and done > 0 and step <= total else []
+        if self.max_time is not None and "train/seconds" in metrics:  # a time budget ends it first?
+            left.append(max(self.max_time - metrics["train/seconds"], 0.0))
+        eta = clock(min(left)) if left else "?"
         return (f"step {step}/{total or '?'}  loss {metrics['train/loss']:.3f}  "
                 f"lr {metrics.get('train/lr', float('nan')):.2e}  "
                 f"{metrics.get('train/tokens_per_s', float('nan')):,.0f} tok/s  "

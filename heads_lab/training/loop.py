@@ -236,6 +236,7 @@ class Trainer:
             "train/ppl": math.exp(min(w["nll"] / w["tokens"], 50)),
             "train/lr": self.sched.get_last_lr()[0],
             "train/tokens_per_s": w["tokens"] / w["seconds"],
+            "train/seconds": p.train_seconds,  # the updates' seconds so far (trainer.max_time's)
             "train/epoch": p.epoch + p.update / n_updates,
             **(self.extra.metrics() if self.extra is not None else {}),
         })
@@ -276,11 +277,15 @@ class Trainer:
             self.opt.zero_grad(set_to_none=True)
             p.step += 1
             p.tokens += n_tokens
+            # reading the losses back waits for the step's queued device work (on CUDA the
+            # optimizer's kernels run after clip_grad's sync): inside the timed window, so that
+            # train_seconds, tok/s and trainer.max_time count it
+            loss, nll = losses[0].item(), losses[1].item()
             elapsed = time.perf_counter() - started
             p.train_seconds += elapsed
             w = p.window
-            w["loss"] += losses[0].item()
-            w["nll"] += losses[1].item()
+            w["loss"] += loss
+            w["nll"] += nll
             w["tokens"] += n_tokens
             w["seconds"] += elapsed
             self.log_window(n_updates)

@@ -61,3 +61,25 @@ def test_maps_of_a_long_run_report_their_progress(monkeypatch, caplog):
     lines = [r.getMessage() for r in caplog.records]
     assert lines[0].startswith("attention maps 2/5 sentences (40%)  elapsed ")
     assert lines[-1].startswith("attention maps 5/5 sentences (100%)")
+
+
+def test_the_training_line_ends_at_the_time_budget_when_it_comes_before_max_steps(monkeypatch):
+    """trainer.max_time: the ETA is the budget's seconds left when they end the run first (a
+    run with max_steps 100000 under a 30-minute budget must not say 26 hours), else the steps'."""
+    from heads_lab.output import tracking
+
+    fake = Clock()
+    monkeypatch.setattr(tracking.time, "monotonic", fake)
+    tracker = tracking.Tracker.__new__(tracking.Tracker)
+    tracker.progress, tracker.trackers = None, []
+    tracker.total, tracker.started, tracker.first, tracker.max_time = 100_000, fake.now, None, 1800.0
+    metrics = {"train/loss": 3.0, "train/lr": 1e-3, "train/tokens_per_s": 4000.0}
+    tracker.progress_line(50, {**metrics, "train/seconds": 50.0})
+    fake.now += 50  # 1 s a step: the steps would take 99,900 s more
+    line = tracker.progress_line(100, {**metrics, "train/seconds": 100.0})
+    assert line.endswith(f"ETA {clock(1700)}")  # the budget's 1,700 s left
+    tracker.max_time = 10_000_000.0  # a budget that would not end it first
+    assert tracker.progress_line(100, {**metrics, "train/seconds": 100.0}).endswith(
+        f"ETA {clock(99_900)}")
+    tracker.max_time = None  # no budget: the steps' ETA, as before
+    assert tracker.progress_line(100, metrics).endswith(f"ETA {clock(99_900)}")
