@@ -108,6 +108,9 @@ def render(rows: list[Row], base: Row, varying: list[str], split: str,
     best = any(evaluated(r) == "best" for row in rows for r in row.runs)
     if best:  # eval.checkpoint=best: which validation's weights were evaluated
         header += ["best step"]
+    budgets = sorted({budget(r) for row in rows for r in row.runs} - {None})
+    if budgets:  # trainer.max_time: a row's cost is fixed, its number of updates is the result
+        header += ["steps", "train s"]
     if paper:
         header += ["paper PPL", "paper BLEU"]
     body = []
@@ -140,6 +143,9 @@ def render(rows: list[Row], base: Row, varying: list[str], split: str,
         if best:
             cells += [stat([r.results.get("train", {}).get("evaluated", {}).get("step")
                             if evaluated(r) == "best" else None for r in row.runs], 0)]
+        if budgets:
+            cells += [stat([r.results.get("train", {}).get(k) for r in row.runs], 0)
+                      for k in ("steps", "seconds")]
         if paper:
             published = paper["rows"].get(c.get(paper["key"]))
             cells += [f"{published[0]:.2f}", f"{published[1]:.1f}"] if published else ["", ""]
@@ -165,9 +171,21 @@ def render(rows: list[Row], base: Row, varying: list[str], split: str,
         note += ("; evaluated: the best validation's weights (eval.checkpoint=best), from the "
                  "best step" + ("" if kinds == {"best"} else ", in the runs that have one; the "
                                 "others' last weights"))
+    if budgets:
+        ended = sum(r.results.get("train", {}).get("stopped_by") == "max_time"
+                    for row in rows for r in row.runs)
+        total = sum(len(row.runs) for row in rows)
+        note += (f"; time budget: trainer.max_time = {' / '.join(f'{b:g}' for b in budgets)} s "
+                 f"of updates, which ended {ended} of {total} runs; steps: the updates each made, "
+                 "train s: their seconds")
     if paper:
         note += f"; paper columns: {paper['label']} (theirs, not ours)"
     return {"header": header, "rows": body, "note": note, "varying": varying}
+
+
+def budget(run: Run) -> float | None:
+    """The run's time budget (trainer.max_time, seconds of updates), or None."""
+    return run.results.get("train", {}).get("max_time")
 
 
 def evaluated(run: Run) -> str:

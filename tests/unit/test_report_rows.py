@@ -181,6 +181,29 @@ def test_runs_evaluated_on_their_best_weights_show_the_best_step_and_say_so():
     assert "best step" not in plain["header"] and "evaluated" not in plain["note"]
 
 
+def test_runs_under_a_time_budget_show_the_steps_it_bought_and_say_so():
+    """equal_cost: every row has the same trainer.max_time, so the updates each row made in it
+    (and their seconds) are part of the answer: two columns and the budget in the note."""
+    def timed(seed, heads, steps, seconds, stopped_by="max_time"):
+        run = _run(seed, heads=heads)
+        run.results["train"] = {"steps": steps, "seconds": seconds, "max_time": 1800.0,
+                                "stopped_by": stopped_by}
+        return run
+
+    runs = [timed(1, 8, 1965, 1800.6), timed(2, 8, 1935, 1800.2), timed(1, 32, 1200, 1801.0),
+            timed(2, 32, 1000, 1500.0, "max_steps")]
+    rows, varying = group(runs)
+    table = render(rows, rows[0], varying, "test", None)
+    steps, seconds = table["header"].index("steps"), table["header"].index("train s")
+    assert [(b[0], b[steps], b[seconds]) for b in table["rows"]] == [
+        ("h=8 (base)", "1,950 ± 21", "1,800 ± 0"), ("h=32", "1,100 ± 141", "1,650 ± 213")]
+    assert ("time budget: trainer.max_time = 1800 s of updates, which ended 3 of 4 runs"
+            in table["note"])
+    plain = render(*(lambda r, v: (r, r[0], v))(*group([_run(1, heads=h) for h in (1, 8)])),
+                   "test", None)
+    assert "steps" not in plain["header"] and "time budget" not in plain["note"]
+
+
 def test_an_older_rectangular_talking_heads_run_is_its_own_row_with_the_start_it_had(tmp_path):
     """results.json written before model.mix_init: a rectangular run started as the identity
     (read back so), not as today's default; a square run's start is today's default (one row)."""
