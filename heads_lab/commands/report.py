@@ -172,15 +172,20 @@ def render(rows: list[Row], base: Row, varying: list[str], split: str,
                  "best step" + ("" if kinds == {"best"} else ", in the runs that have one; the "
                                 "others' last weights"))
     if budgets:
-        ended = sum(r.results.get("train", {}).get("stopped_by") == "max_time"
-                    for row in rows for r in row.runs)
-        total = sum(len(row.runs) for row in rows)
-        note += (f"; time budget: trainer.max_time = {' / '.join(f'{b:g}' for b in budgets)} s "
-                 f"of updates, which ended {ended} of {total} runs; steps: the updates each made, "
-                 "train s: their seconds")
+        note += budget_note(rows, budgets)
     if paper:
         note += f"; paper columns: {paper['label']} (theirs, not ours)"
     return {"header": header, "rows": body, "note": note, "varying": varying}
+
+
+def budget_note(rows: list[Row], budgets: list[float]) -> str:
+    """The note's words on a time budget: its seconds and how many runs it ended."""
+    ended = sum(r.results.get("train", {}).get("stopped_by") == "max_time"
+                for row in rows for r in row.runs)
+    total = sum(len(row.runs) for row in rows)
+    return (f"; time budget: trainer.max_time = {' / '.join(f'{b:g}' for b in budgets)} s of "
+            f"updates, which ended {ended} of {total} runs; steps: the updates each made, "
+            "train s: their seconds")
 
 
 def budget(run: Run) -> float | None:

@@ -103,10 +103,17 @@ def forward_stop_signals():
         forwarder.restore()
     if forwarder.received:
         signum = forwarder.received[0]
-        print(f"error: sweep stopped by {signal.Signals(signum).name}: run the same "
-              f"command with hydra.sweep.dir={forwarder.sweep_dir} to resume (finished jobs are "
-              "skipped, stopped ones resume from their checkpoints)", file=sys.stderr)
+        say_line(f"error: sweep stopped by {signal.Signals(signum).name}: run the same command "
+                 f"with hydra.sweep.dir={forwarder.sweep_dir} to resume (finished jobs are "
+                 "skipped, stopped ones resume from their checkpoints)")
         raise SystemExit(128 + signum)
+
+
+def say_line(line: str) -> None:
+    """One line on stderr in one write, newline included: a sweep's workers share the stream,
+    and print's two writes (the text, then the newline) let two jobs' lines run together."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 class _StopForwarder:

@@ -24,6 +24,7 @@ from heads_lab.commands.sweep_signals import (
     WORKER_LAUNCHERS,
     in_worker,
     pass_on,
+    say_line,
     scheduler_handler,
     signal_number,
 )
@@ -179,8 +180,7 @@ def user_errors(hydra_cfg):
             job = job_label(list(hydra_cfg.overrides.task), hydra_cfg.job.num)
             advice = ("" if requeued else "; run the same sweep command with hydra.sweep.dir="
                       f"{hydra_cfg.sweep.dir} to resume it")
-            print(f"error: job {hydra_cfg.job.num} ({job}): {err.stopped}{advice}",
-                  file=sys.stderr)
+            say_line(f"error: job {hydra_cfg.job.num} ({job}): {err.stopped}{advice}")
             if in_worker():  # return: joblib would kill the other workers, mid-checkpoint
                 record_stopped(Path(hydra_cfg.runtime.output_dir), err.signal_name, job,
                                err.stopped)
@@ -196,7 +196,7 @@ def user_errors(hydra_cfg):
             print(f"error: {err}", file=sys.stderr)
             raise SystemExit(2) from None
         job = job_label(list(hydra_cfg.overrides.task), hydra_cfg.job.num)
-        print(f"error: job {hydra_cfg.job.num} ({job}): {err}", file=sys.stderr)
+        say_line(f"error: job {hydra_cfg.job.num} ({job}): {err}")
         FAILED_JOBS.append(job)
         record_failure(Path(hydra_cfg.runtime.output_dir), str(err), job)
 

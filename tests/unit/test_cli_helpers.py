@@ -109,3 +109,26 @@ def test_a_job_of_a_stopping_sweep_does_not_start_and_says_so(monkeypatch, tmp_p
     (job_dir / "results.json").unlink()
     (tmp_path / "sweep" / STOPPING).unlink()
     assert not sweeps.not_started(cfg)  # not stopping
+
+
+def test_a_jobs_error_line_goes_to_stderr_in_one_write_newline_included(monkeypatch):
+    """A sweep's workers share stderr: a line written as text, then newline (print's two
+    writes) let two stopped jobs' lines run together in CI. One write each keeps them apart."""
+    from heads_lab.commands.sweep_signals import say_line
+
+    class Stream:
+        def __init__(self):
+            self.writes = []
+
+        def write(self, text):
+            self.writes.append(text)
+
+        def flush(self):
+            self.writes.append("<flush>")
+
+    stream = Stream()
+    monkeypatch.setattr("sys.stderr", stream)
+    say_line("error: job 2 (seed=3): stopped by SIGTERM at step 15")
+    say_line("error: job 0 (seed=1): stopped by SIGTERM at step 6")
+    assert stream.writes == ["error: job 2 (seed=3): stopped by SIGTERM at step 15\n", "<flush>",
+                             "error: job 0 (seed=1): stopped by SIGTERM at step 6\n", "<flush>"]
