@@ -130,3 +130,19 @@ def test_a_study_stopped_at_the_time_left_keeps_and_reports_its_finished_runs(tm
     (check.out / "kv_heads" / "0_run" / "results.json").unlink()
     (check.out / "kv_heads" / "0_run").rmdir()
     assert check.studies(600.0)[0] == "cut"
+
+
+def test_a_small_budget_still_gives_a_part_the_time_it_takes_whole(tmp_path):
+    """--parts tests,studies --budget 230: the tests' 20 % share (46 s) cut them on an H100 (they
+    take ~50 s); a part gets the larger of its share and its whole time, while the later parts
+    can still start, and the last part gets what is left."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    parts = tuple(p for p in gpu_check.GPU_PARTS if p[0] in ("tests", "studies"))
+    assert gpu_check.allowance(parts, 0, 219.0, 230.0) == 60.0  # not 46
+    assert gpu_check.allowance(parts, 0, 540.0, 540.0) == 108.0  # a large budget: its share
+    assert gpu_check.allowance(parts, 0, 150.0, 230.0) == 30.0  # the studies must still start
+    assert gpu_check.allowance(parts, 1, 159.0, 230.0) == 159.0  # the last: what is left
