@@ -64,7 +64,7 @@ GPU_PARTS = (("tests", 0.2, 30, 60), ("bench", 0.4, 60, 180), ("table_a", 0.6, 1
              ("studies", 1.0, 120, 0))
 
 
-def allowance(parts: tuple, i: int, left: float, budget: float) -> float:
+def allowance(parts: list | tuple, i: int, left: float, budget: float) -> float:
     """Seconds part i may take: what is left once the later parts can start; unless it is the
     last, at most its share of the budget, or the time it takes whole if that is more."""
     allowed = left - sum(p[2] for p in parts[i + 1:])
@@ -72,6 +72,8 @@ def allowance(parts: tuple, i: int, left: float, budget: float) -> float:
         _, share, _, whole = parts[i]
         allowed = min(allowed, max(share * budget, whole))
     return allowed
+
+
 # the dry run's study: tiny, on the synthetic pair, two jobs at once as on the GPU
 DRY_STUDY = ["data=synthetic", "model=tiny", "trainer.max_steps=20", "trainer.valid_every=10",
              "trainer.warmup_steps=5", "data.train_size=400", "data.valid_size=30",
