@@ -101,6 +101,10 @@ class Tracker:
         self.trackers = trackers.start_trackers(logger_cfg, run_dir, run_name, flatten(config),
                                                 group, list(tags or []))
         self.broken: list = []  # trackers that failed to log: still finished, never logged to
+        self.total: int | None = None  # set by start()
+        self.started = time.monotonic()
+        self.first: tuple[int, float] | None = None  # (step, time) of the first progress line
+        self.max_time: float | None = None
 
     def where(self) -> dict[str, Any]:
         """Where each tracker's run is, by tracker name (None: not used), for results.json."""

@@ -83,3 +83,19 @@ def test_the_training_line_ends_at_the_time_budget_when_it_comes_before_max_step
         f"ETA {clock(99_900)}")
     tracker.max_time = None  # no budget: the steps' ETA, as before
     assert tracker.progress_line(100, metrics).endswith(f"ETA {clock(99_900)}")
+
+
+def test_a_tracker_has_its_progress_fields_before_start(tmp_path):
+    """Every field progress_line reads exists from __init__ (start() sets them for a run): a line
+    asked for before start() has no step total and no budget, so no ETA, instead of an
+    AttributeError."""
+    from heads_lab.config.schemas import LoggerConfig
+    from heads_lab.output.tracking import Tracker
+
+    tracker = Tracker(LoggerConfig(name="recorder"), tmp_path, "run", {"model": {"heads": 4}})
+    metrics = {"train/loss": 3.0, "train/lr": 1e-3, "train/tokens_per_s": 4000.0,
+               "train/seconds": 10.0}
+    assert (tracker.total, tracker.first, tracker.max_time) == (None, None, None)
+    line = tracker.progress_line(10, metrics)
+    assert line.startswith("step 10/?  loss 3.000  lr 1.00e-03  4,000 tok/s  elapsed ")
+    assert line.endswith("ETA ?")
