@@ -131,6 +131,7 @@ def check_sweep(overrides: list[str]) -> None:
             run = to_object(compose(job))
             validate(run)
             check_installed(run.logger)
+            _preflight(run.data)
             if str(run.trainer.precision) == "bf16":  # stop once, not once per job
                 # lazy: start-up time (torch)
                 from heads_lab.training.device import check_precision, resolve_device
@@ -139,6 +140,25 @@ def check_sweep(overrides: list[str]) -> None:
         except (HeadsLabError, HydraException, OmegaConfBaseException) as err:
             label = ",".join(job[i] for i in varying) or " ".join(job)
             raise ConfigError(f"sweep job {label}: {one_line(err)} (no job was run)") from None
+
+
+def check_data(overrides: list[str]) -> None:
+    """A single run's data source checked before Hydra creates the run dir (sources.preflight):
+    a missing, damaged or wrong file fails in one line and nothing is written. A config that
+    does not compose is left to Hydra, which reports it itself."""
+    if any(o.startswith("-") for o in overrides):
+        return  # --cfg, --help ...: nothing is trained
+    try:
+        run = to_object(compose(overrides))
+    except Exception:  # noqa: BLE001 (Hydra reports it in one line when it composes)
+        return
+    _preflight(run.data)
+
+
+def _preflight(data) -> None:
+    from heads_lab.data.sources import preflight  # lazy: start-up time (the data package)
+
+    preflight(data)
 
 
 def finished_job(run_dir: Path, hydra_cfg) -> float | None:
@@ -288,7 +308,9 @@ def prepare(overrides: list[str]) -> list[str]:
     refuse_finished_run_dir(overrides)  # a sweep may hold its own finished jobs (skipped)
     check_writable_run_dir(overrides)
     os.environ.pop(SWEEP_KEYS_ENV, None)
-    if is_multirun(overrides):
+    if not is_multirun(overrides):
+        check_data(overrides)
+    else:
         check_sweep(overrides)
         jobs = sweep_jobs(overrides)
         if jobs:

@@ -12,6 +12,7 @@ from heads_lab.config.schemas import (
     Norm,
     RunConfig,
     SyntheticDataConfig,
+    TatoebaDataConfig,
     TextFilesDataConfig,
 )
 from heads_lab.config.sites import parse_head_mask
@@ -147,6 +148,11 @@ def _check_data(d, t, m) -> None:
         needed = ("{split}", "{lang}") if d.format == "text" else ("{split}",)
         _check(all(k in d.pattern for k in needed),
                f"data.pattern={d.pattern!r} must contain {' and '.join(needed)}")
+    if isinstance(d, TatoebaDataConfig):
+        _check({d.src, d.tgt} == {"de", "en"}, f"data=tatoeba is German–English: data.src={d.src} "
+               f"and data.tgt={d.tgt} must be de and en (either way round)")
+        for key in ("valid_sentences", "test_sentences"):
+            _check(getattr(d, key) >= 1, f"data.{key}={getattr(d, key)} must be >= 1")
     if isinstance(d, SyntheticDataConfig):
         for key in ("train_size", "valid_size", "test_size", "nouns", "verbs", "adjectives",
                     "adverbs"):

@@ -6,9 +6,12 @@ import hashlib
 import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from heads_lab.config.schemas import CleaningConfig
-from heads_lab.data.sources import Pair
+
+if TYPE_CHECKING:  # sources imports tatoeba, which imports normalize from here
+    from heads_lab.data.sources import Pair
 
 NORMAL_FORMS = ("NFC", "NFKC", "NFD", "NFKD", "none")
 

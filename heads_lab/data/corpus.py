@@ -99,6 +99,8 @@ def _build(cfg: DataConfig, readers, material: dict, entry: Path) -> None:
         meta = {"key": material, "dtype": np.dtype(dtype).name, "vocab_size": sp.get_piece_size(),
                 "stats": {s: summary(counts[s]) for s in SPLITS},
                 "build_s": time.perf_counter() - started}
+        if readers["train"].info is not None:  # e.g. Tatoeba: the file's sha256, split counts
+            meta["source"] = readers["train"].info()
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
         os.replace(tmp, entry)  # atomic: readers see all of it or nothing
         log.info("corpus cache built in %.1fs: %s", meta["build_s"], entry)
@@ -170,5 +172,7 @@ def _load(entry: Path):
         splits[split] = Split([s for s, _ in texts] if texts else None,
                               [t for _, t in texts] if texts else None,
                               arrays["src"], arrays["tgt"])
-    return Tokenizer(entry / "spm.model"), splits, {**meta["stats"], "cache_dir": str(entry),
-                                                     "build_s": meta["build_s"]}
+    stats = {**meta["stats"], "cache_dir": str(entry), "build_s": meta["build_s"]}
+    if "source" in meta:
+        stats["source"] = meta["source"]
+    return Tokenizer(entry / "spm.model"), splits, stats

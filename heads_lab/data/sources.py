@@ -4,6 +4,7 @@ fingerprint (for the cache key: what would change the data) and a reader that st
 
   text files  two aligned files per split ({split}.{lang}, gzip allowed) or one TSV per split
   multi30k    text files from a data root, else the same data from the Hugging Face hub
+  tatoeba     manythings.org/anki's deu-eng.zip, split by sentence group (heads_lab.data.tatoeba)
   hf          a Hugging Face dataset: hub name, save_to_disk dir, or json/parquet/csv files
 """
 
@@ -18,7 +19,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from heads_lab.config.schemas import DataConfig, HFDataConfig, Multi30kDataConfig, TextFilesDataConfig
+from heads_lab.config.schemas import (
+    DataConfig,
+    HFDataConfig,
+    Multi30kDataConfig,
+    TatoebaDataConfig,
+    TextFilesDataConfig,
+)
+from heads_lab.data import tatoeba
 from heads_lab.errors import ConfigError, DataError
 
 Pair = tuple[str, str] | None  # None: a pair with an undecodable line, skipped
@@ -31,6 +39,7 @@ class SplitReader:
     description: str
     fingerprint: Any
     read: Callable[[], Iterator[Pair]]
+    info: Callable[[], dict[str, Any]] | None = None  # facts for results.json (data.source)
 
 
 def open_source(cfg: DataConfig) -> dict[str, SplitReader]:
@@ -44,7 +53,17 @@ def open_source(cfg: DataConfig) -> dict[str, SplitReader]:
         return {s: _text_split(cfg, Path(cfg.root).expanduser(), s) for s in SPLITS}
     if isinstance(cfg, HFDataConfig):
         return _hf(cfg)
+    if isinstance(cfg, TatoebaDataConfig):
+        return _tatoeba(cfg)
     raise ConfigError(f"data={cfg.name!r} has no reader")
+
+
+def preflight(cfg: DataConfig) -> None:
+    """The checks of a source cheap enough to run before Hydra writes anything (a run dir, its
+    .hydra/): Tatoeba's zip found, its sha256, every line with its tab. Raises DataError in one
+    line. Other sources are checked when they are read."""
+    if isinstance(cfg, TatoebaDataConfig):
+        _tatoeba(cfg)["train"].info()  # reads and splits the file: every line is checked
 
 
 # ---------------------------------------------------------------- plain-text files
@@ -164,6 +183,23 @@ def _multi30k(cfg: Multi30kDataConfig) -> dict[str, SplitReader]:
         raise DataError(f"Multi30k files {wanted} not found (roots tried: {tried}) and the hub "
                         f"copy failed ({err}); put the files in one of those dirs, or set "
                         "data.root or HEADS_LAB_DATA") from None
+
+
+# ---------------------------------------------------------------- Tatoeba
+
+
+def _tatoeba(cfg: TatoebaDataConfig) -> dict[str, SplitReader]:
+    """The zip found and its sha256 checked now; read and split by sentence group when a split
+    is first read (a corpus cache hit never reads it). See heads_lab.data.tatoeba."""
+    if {cfg.src, cfg.tgt} != {"de", "en"}:
+        raise DataError(f"data=tatoeba is German–English: data.src={cfg.src} and data.tgt="
+                        f"{cfg.tgt} must be de and en (either way round)")
+    path, sha = tatoeba.check(cfg)
+    key = (str(path), sha, cfg.member, cfg.valid_sentences, cfg.test_sentences, cfg.split_seed)
+    fingerprint = {"sha256": sha, "split": key[2:]}  # the content, wherever the file lives
+    return {s: SplitReader(s, f"{path}:{cfg.member} ({s}, split by sentence group)", fingerprint,
+                           lambda s=s: tatoeba.read_split(path, sha, key, s, cfg.src == "de"),
+                           lambda: tatoeba.source_info(path, sha, key)) for s in SPLITS}
 
 
 # ---------------------------------------------------------------- Hugging Face datasets

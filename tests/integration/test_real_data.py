@@ -64,3 +64,39 @@ def test_bad_data_input_is_one_line(tmp_path, setup, args, fragments):
         args = ["data=local", f"data.root={root}", "data.src=de", "data.tgt=en", *args]
     proc = heads_lab("train", *args, *SMALL, cwd=tmp_path)
     _assert_one_line_error(proc, *fragments)
+
+
+TATOEBA = Path(os.environ.get("HEADS_LAB_DATA", "/nonexistent")) / "tatoeba" / "deu-eng.zip"
+
+
+@pytest.mark.skipif(not TATOEBA.is_file(),
+                    reason="Tatoeba not found: set HEADS_LAB_DATA to the dir holding "
+                           "tatoeba/deu-eng.zip (.ci/run points it at ../shared/data)")
+def test_train_on_tatoeba_records_sha256_and_split(tmp_path):
+    proc = heads_lab("train", "data=tatoeba", "data.vocab_size=1000", "data.train_fraction=0.1",
+                     "eval.split=valid", *SMALL, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    (found,) = _results(tmp_path / "outputs")
+    results = json.loads(found.read_text())
+    source = results["data"]["source"]
+    assert source["sha256"] == "b7688f84f99fa33c17397c14d8bd9cef1fdeb2ee0bf50074767023aee8926e28"
+    split = source["split"]
+    assert split["valid"]["english"] >= 2000 and split["test"]["english"] >= 2000
+    assert results["data"]["train"]["of"] == split["train"]["pairs"]  # every pair kept
+    assert results["data"]["train"]["kept"] == round(0.1 * split["train"]["pairs"])
+    assert results["decoding"]["sentences"] == split["valid"]["pairs"]
+    assert math.isfinite(results["metrics"]["valid/ppl"])
+
+
+def test_bad_tatoeba_zip_is_one_line_and_writes_nothing(tmp_path):
+    zipped = tmp_path / "deu-eng.zip"
+    zipped.write_bytes(b"PK\x03\x04 not really a zip")
+    for args in (["data.sha256=null"], []):
+        proc = heads_lab("train", "data=tatoeba", f"data.root={tmp_path}", *args, *SMALL,
+                         cwd=tmp_path)
+        _assert_one_line_error(proc, str(zipped),
+                               *(["not a readable zip"] if args else ["sha256", "data.sha256=null"]))
+    proc = heads_lab("train", "-m", "data=tatoeba", "data.root=/nowhere", "model.heads=1,2",
+                     *SMALL, cwd=tmp_path)
+    _assert_one_line_error(proc, "Tatoeba file deu-eng.zip not found", "/nowhere", "no job was run")
+    assert not (tmp_path / "outputs").exists()

@@ -1,0 +1,149 @@
+"""The data sources' config schemas (config group data/): one dataclass per source, each
+registered with Hydra by heads_lab.config.compose (every subclass of DataConfig). Re-exported by
+heads_lab.config.schemas."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from omegaconf import MISSING
+
+from heads_lab.config.choices import FileFormat, NormalForm, OnDecodeError, Tokenizer
+from heads_lab.config.fields import opt
+
+
+@dataclass
+class CleaningConfig:
+    """Applied while reading. Every split: Unicode normalisation, whitespace collapsed and
+    stripped. Training pairs only (held-out sets are never filtered): empty pairs dropped,
+    optional de-duplication, and after subword encoding the length (data.max_len) and ratio
+    filters of fairseq's recipes (clean-corpus-n: 1-250 subwords, ratio 1.5)."""
+
+    normalize: NormalForm = opt(NormalForm.NFC, "Unicode normal form: NFC | NFKC | NFD | NFKD | none")
+    dedup: bool = opt(False, "drop training pairs seen before (after normalisation)")
+    max_ratio: float | None = opt(1.5, "longer / shorter side, in subwords; null = no ratio filter")
+    on_decode_error: OnDecodeError = opt(OnDecodeError.error, "lines that are not UTF-8: error | "
+                                         "skip (skipped lines are counted)")
+
+
+@dataclass
+class DataConfig:
+    name: str = MISSING
+    src: str = opt("src", "source language code")
+    tgt: str = opt("tgt", "target language code")
+    vocab_size: int = opt(8000, "joint subword vocabulary (SentencePiece)")
+    tokenizer: Tokenizer = opt(Tokenizer.bpe, "SentencePiece model type: bpe | unigram")
+    max_len: int = opt(250, "subword tokens per side; longer training pairs are dropped")
+    max_train_pairs: int | None = opt(None, "keep only the first N cleaned training pairs")
+    train_fraction: float = opt(1.0,
+        "train on this fixed share of the training pairs, in (0, 1]: the same sentences for every "
+        "seed and model (a permutation with its own fixed seed; a smaller share is a subset of "
+        "a larger one), the tokenizer the full split's; results.json's data.train says how many")
+    cleaning: CleaningConfig = field(default_factory=CleaningConfig)
+
+
+@dataclass
+class TextFilesDataConfig(DataConfig):
+    """A parallel corpus in plain-text files (gzip allowed) under `root`: with format=text, one
+    file per split and side named by `pattern` ({split}, {lang}); with format=tsv, one file per
+    split (`pattern` with {split}), one `source<TAB>target` pair per line."""
+
+    name: str = "local"
+    root: str | None = None
+    format: FileFormat = opt(FileFormat.text, "text (a file per split and side) | tsv (a file per "
+                             "split, source<TAB>target)")
+    pattern: str = opt("{split}.{lang}", "a .gz twin is tried too")
+    train: str = opt("train", "split names as they appear in file names")
+    valid: str = "valid"
+    test: str = "test"
+
+
+@dataclass
+class Multi30kDataConfig(TextFilesDataConfig):
+    """Multi30k task 1 (Elliott et al. 2016): en, de, fr, cs. `root` defaults to
+    $HEADS_LAB_DATA/multi30k (or $HEADS_LAB_DATA); without the files, the hub copy is tried."""
+
+    name: str = "multi30k"
+    src: str = "de"
+    tgt: str = "en"
+    train: str = "train"
+    valid: str = "val"
+    test: str = opt("test_2016_flickr", "or test_2017_flickr, test_2017_mscoco, test_2018_flickr")
+    hub_dataset: str = opt("bentrevett/multi30k", "en/de columns; train / validation / test")
+
+
+@dataclass
+class HFDataConfig(DataConfig):
+    """A Hugging Face dataset in the WMT schema (a `translation` column of {lang: text}) or with
+    one column per language. `dataset` is a hub name, a directory saved by `save_to_disk`, or a
+    loader name (json, parquet, csv) with `files` mapping each split to local files."""
+
+    name: str = "hf"
+    dataset: str | None = None
+    config: str | None = opt(None, "the dataset's configuration, e.g. de-en for wmt/wmt14")
+    revision: str | None = None
+    column: str | None = opt("translation", "null: the text is in columns named like data.src/tgt")
+    files: dict[str, str] = field(default_factory=dict, metadata={"help":
+        "split name → file(s), for json/parquet"})
+    train: str = "train"
+    valid: str = "validation"
+    test: str = "test"
+
+
+@dataclass
+class TatoebaDataConfig(DataConfig):
+    """Tatoeba German–English (tatoeba.org, as packaged by manythings.org/anki; CC-BY 2.0 FR):
+    deu-eng.zip's deu.txt, one `English<TAB>German` pair a line, read from the zip in place.
+    `root` is the dir holding the zip (or the zip itself), else $HEADS_LAB_DATA/tatoeba or
+    $HEADS_LAB_DATA. Valid and test are drawn by sentence group: pairs that share an English or
+    a German sentence (a connected group) land in one split, so no translation of a held-out
+    sentence is trained on; a held-out English sentence keeps one pair (its first in the file)."""
+
+    name: str = "tatoeba"
+    src: str = opt("de", "de or en")
+    tgt: str = opt("en", "en or de")
+    root: str | None = opt(None, "the dir holding the zip, or the zip; None = $HEADS_LAB_DATA/"
+                           "tatoeba, then $HEADS_LAB_DATA")
+    file: str = opt("deu-eng.zip", "the zip's file name under root")
+    member: str = opt("deu.txt", "the pairs file inside the zip")
+    sha256: str | None = opt("b7688f84f99fa33c17397c14d8bd9cef1fdeb2ee0bf50074767023aee8926e28",
+                             "the zip's expected sha256 (the 2018-05-13 file); null accepts any "
+                             "(results.json records the file's either way)")
+    valid_sentences: int = opt(2000, "English sentences held out for validation (whole groups, "
+                               "so a few more)")
+    test_sentences: int = opt(2000, "English sentences held out for test (whole groups)")
+    split_seed: int = opt(20261127, "the held-out groups' draw (change it for another split)")
+
+
+@dataclass
+class SyntheticDataConfig(DataConfig):
+    """The embedded language pair (heads_lab.data.synthetic); the seed fixes the language and
+    the corpus, independent of the training seed."""
+
+    name: str = "synthetic"
+    vocab_size: int = 2000
+    seed: int = 0
+    train_size: int = 20000
+    valid_size: int = 500
+    test_size: int = 1000
+    nouns: int = 400
+    verbs: int = 100
+    adjectives: int = 100
+    adverbs: int = 40
+    zipf: float = opt(1.1, "word-frequency exponent: p(rank r) ∝ r^-zipf")
+    p_cognate: float = opt(0.5, "lemmas whose target form is a sound-shifted copy of the source")
+    p_synonym: float = opt(0.05, "lemmas that share their target translation (many-to-one)")
+    p_pronoun: float = 0.25
+    p_plural: float = 0.3
+    p_past: float = 0.3
+    p_adjective: float = 0.45
+    p_very: float = 0.15
+    p_adverb: float = 0.3
+    p_subordinate: float = 0.35
+    max_depth: int = opt(2, "nested subordinate clauses")
+    p_polysemy: float = opt(0.0,
+        "(head-analysis studies; 0 = off, the corpus as without these keys) "
+        "verbs/adjectives with two senses, picked by a related noun's class")
+    p_homograph: float = opt(0.0,
+        "verbs spelt like a noun (\"run\"): only the context tells them apart")
+    p_preverbal_adverb: float = opt(0.0, "adverbs between subject and verb (\"he often eats\")")
