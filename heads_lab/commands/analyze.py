@@ -5,7 +5,9 @@ sentences of analysis.treebank (a CoNLL-U file; analysis.treebank_ref=text_en: t
 its translations): confidence, positional / syntactic / rare-word roles (Voita et al. 2019),
 importance (Michel et al. 2019) and the Jensen–Shannon distance between heads (Clark et al.
 2019); see heads_lab/analysis/ for the exact definitions. Talking heads are measured per kind:
-maps per softmax head, importance per query/key, softmax and value head.
+maps per softmax head, importance per query/key, softmax and value head. The weights are those
+`train` evaluated (checkpoints/best.pt for an eval.checkpoint=best run, else the newest step
+checkpoint), or analysis.step's; analysis.json's `checkpoint` and the console say which.
 
 Writes <run dir>/analysis/<time>_<overrides>/: analysis.json, the tables (on the console and
 in analysis.md), heads_<metric>.png grids, head_functions.png (the head-function map),
@@ -87,6 +89,7 @@ def main(args: list[str]) -> int:
     console = wide_console(160)
     for part in parts:
         console.print(part if isinstance(part, str) else to_rich(part[1], part[0]))
+    console.print(f"weights: {t.checkpoints[0]}")
     console.print(f"analysis: {out / 'analysis.json'}, {out / 'analysis.md'}")
     console.print(f"figures: {', '.join(p.name for p in pngs)}")
     console.print(f"head view: {', '.join(str(p) for p in html)}")

@@ -1,6 +1,8 @@
 """`heads-lab eval <run dir> [overrides]`: evaluate a finished or partial run again from its
-checkpoints, e.g. with another beam, split or test set, or with the weights of the last N
-checkpoints averaged (`eval.average_last=N`, as fairseq's average_checkpoints does). The run's
+checkpoints — the weights `train` evaluated (checkpoints/best.pt for an eval.checkpoint=best run;
+eval.checkpoint=last for the newest step checkpoint) — e.g. with another beam, split or test
+set, or with the weights of the last N step checkpoints averaged (`eval.average_last=N`, as
+fairseq's average_checkpoints does). The run's
 own overrides (from .hydra/overrides.yaml) rebuild its config; only evaluation settings may be
 changed. Results go to <run dir>/evals/<time>_<overrides>/ and never replace earlier ones."""
 

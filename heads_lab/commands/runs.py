@@ -101,10 +101,12 @@ class Trained:
 
 
 def load(run_dir: Path, overrides: list[str], average_last: int | None = 1) -> Trained:
-    """The run in `run_dir` with `overrides`, its weights the newest valid checkpoint or the
-    element-wise mean of the newest `average_last` (None: the run's eval.average_last; corrupt
-    ones skipped with a warning). A
-    model trained with head gates gets them back (they decide which heads count)."""
+    """The run in `run_dir` with `overrides`, its weights those `train` evaluated — the best
+    validation's (checkpoints/best.pt) for an eval.checkpoint=best run, else the newest valid
+    step checkpoint — or the element-wise mean of the newest `average_last` step checkpoints
+    (None: the run's eval.average_last; corrupt ones skipped with a warning), or the step
+    analysis.step names. A model trained with head gates gets them back (they decide which
+    heads count)."""
     import torch  # lazy: start-up time (torch)
 
     from heads_lab.data import prepare  # lazy: start-up time (torch)
@@ -118,7 +120,9 @@ def load(run_dir: Path, overrides: list[str], average_last: int | None = 1) -> T
     cfg, run = compose_run(run_dir, overrides)
     average_last = run.eval.average_last if average_last is None else average_last
     files = checkpoint.step_files(run_dir)
-    if not files:
+    if run.analysis.step is None and average_last == 1 and evaluated_best(run):
+        files = [_best(run_dir)]  # the weights `train` evaluated (eval.checkpoint=best)
+    elif not files:
         raise CheckpointError(NO_CHECKPOINTS.format(run_dir=run_dir))
     if run.analysis.step is not None:  # `analyze` of an earlier checkpoint (analysis.step)
         chosen = [(step, path) for step, path in files if step == run.analysis.step]
@@ -139,8 +143,10 @@ def load(run_dir: Path, overrides: list[str], average_last: int | None = 1) -> T
         if len(states) == average_last:
             break
         try:
-            states.append(checkpoint.load(path)["model"])
-            used.append(path.name)
+            state = checkpoint.load(path)
+            states.append(state["model"])
+            used.append(path.name if path.name != "best.pt" else
+                        f"best.pt (step {state.get('progress', {}).get('step', '?')})")
         except CheckpointError as err:
             log.warning("skipping %s", err)
             failed.append(path.name)
@@ -159,6 +165,25 @@ def load(run_dir: Path, overrides: list[str], average_last: int | None = 1) -> T
     model.load_state_dict(average(states))
     log.info("loaded %s", ", ".join(used))
     return Trained(run, to_dict(cfg), model.to(device).eval(), corpus, device, used)
+
+
+def evaluated_best(run) -> bool:
+    """Whether the run was evaluated on its best validation's weights (eval.checkpoint=best)."""
+    return str(getattr(run.eval.checkpoint, "value", run.eval.checkpoint)) == "best"
+
+
+def _best(run_dir: Path) -> tuple[int | None, Path]:
+    """checkpoints/best.pt as a (step, path) entry of the files to load."""
+    from heads_lab.training import checkpoint  # lazy: start-up time (torch)
+
+    path = checkpoint.checkpoint_dir(run_dir) / "best.pt"
+    if not path.is_file():
+        steps = ", ".join(str(step) for step, _ in checkpoint.step_files(run_dir)) or "none"
+        raise CheckpointError(f"{run_dir} was evaluated on its best validation's weights "
+                              "(eval.checkpoint=best) but has no checkpoints/best.pt; use a step "
+                              f"checkpoint (steps: {steps}) with eval.checkpoint=last (eval, "
+                              "prune) or analysis.step=N (analyze)")
+    return None, path
 
 
 def average(states: list[dict]) -> dict:

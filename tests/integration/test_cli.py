@@ -356,9 +356,11 @@ def test_the_best_validation_weights_are_evaluated_when_asked(tmp_path):
     assert best["step"] < last["step"] == 30 and last["valid/loss"] > best["valid/loss"] + 1
     assert train["evaluated"] == {"checkpoint": "best", "step": best["step"]}
     assert train["best_step"] == best["step"]
-    t = load(found.parent, [])  # the newest checkpoint; then best.pt's weights
+    # eval, analyze and prune read a run back with the weights train evaluated: best.pt here
+    t = load(found.parent, [])
+    assert t.checkpoints == [f"best.pt (step {best['step']})"]
     state = checkpoint.load(checkpoint.checkpoint_dir(found.parent) / "best.pt")
-    t.model.load_state_dict(state["model"])
+    assert all(torch.equal(v, t.model.state_dict()[k]) for k, v in state["model"].items())
     with torch.no_grad():
         ppl = perplexity(t.model, t.corpus.splits["test"], 1024, torch.device("cpu"))
         valid = perplexity(t.model, t.corpus.splits["valid"], 1024, torch.device("cpu"))
@@ -366,6 +368,17 @@ def test_the_best_validation_weights_are_evaluated_when_asked(tmp_path):
     # the valid PPL reported is the evaluated weights' (the best validation), not the last one's
     assert results["metrics"]["valid/loss"] == best["valid/loss"]
     assert results["metrics"]["valid/ppl"] == pytest.approx(valid["ppl"], rel=1e-5)
+    last_weights = load(found.parent, ["eval.checkpoint=last"])  # the newest step checkpoint
+    assert last_weights.checkpoints == ["step_0000030.pt"]
+    proc = heads_lab("analyze", str(found.parent), "analysis.max_sentences=8", "analysis.lrp=false",
+                     cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert f"weights: best.pt (step {best['step']})" in proc.stdout
+    (analysis,) = (found.parent / "analysis").rglob("analysis.json")
+    assert json.loads(analysis.read_text())["checkpoint"] == f"best.pt (step {best['step']})"
+    (checkpoint.checkpoint_dir(found.parent) / "best.pt").unlink()
+    proc = heads_lab("eval", str(found.parent), cwd=tmp_path)
+    _assert_one_line_error(proc, "no checkpoints/best.pt", "eval.checkpoint=last")
 
 
 def test_a_run_logs_a_progress_line_every_log_every_steps(tiny_run_dir):
