@@ -5,7 +5,8 @@ between them (seeds pooled), and writes, next to the first dir (or --out): repor
 two PNGs (BLEU and PPL against the swept setting with error bars; quality against cost). Each row:
 the varied settings, the head shape (its variant's own kinds: h and kv_heads, or h_K, h and h_V;
 d_k, layers), parameters, valid PPL, test BLEU and chrF as mean ± std over seeds, tokens/s and peak
-memory, and sacrebleu's paired bootstrap p-value of its BLEU against the base row (the preset's
+memory (and the training pairs where rows differ in them), and sacrebleu's paired bootstrap p-value
+of its BLEU against the base row (the preset's
 `report.base`, else the first row), on the hypotheses of the seeds every row has (the note names
 them). Rows are in the order of their settings, the ones swept on the command line first. Runs that
 failed or never finished are listed, never averaged in; so are runs under another run's dir (a gates
@@ -105,6 +106,9 @@ def render(rows: list[Row], base: Row, varying: list[str], split: str,
     gated = any(k.startswith("heads_kept/") for row in rows for r in row.runs for k in r.metrics)
     if gated:  # Hard Concrete gates (prune.l0_lambda): heads kept per attention type
         header += list(KEPT_COLUMNS)
+    pairs = {train_pairs(r) for row in rows for r in row.runs} - {None}
+    if len(pairs) > 1:  # data.train_fraction or the data set varies: how much each row had
+        header += ["train pairs"]
     best = any(evaluated(r) == "best" for row in rows for r in row.runs)
     if best:  # eval.checkpoint=best: which validation's weights were evaluated
         header += ["best step"]
@@ -140,6 +144,8 @@ def render(rows: list[Row], base: Row, varying: list[str], split: str,
         if gated:
             cells += [stat([x.get(f"heads_kept/{site}") for x in m], 1)
                       for site in SITES]
+        if len(pairs) > 1:
+            cells += [params_text([train_pairs(r) for r in row.runs])]  # one number: seeds agree
         if best:
             cells += [stat([r.results.get("train", {}).get("evaluated", {}).get("step")
                             if evaluated(r) == "best" else None for r in row.runs], 0)]
@@ -191,6 +197,12 @@ def budget_note(rows: list[Row], budgets: list[float]) -> str:
 def budget(run: Run) -> float | None:
     """The run's time budget (trainer.max_time, seconds of updates), or None."""
     return run.results.get("train", {}).get("max_time")
+
+
+def train_pairs(run: Run) -> int | None:
+    """The training pairs the run trained on (results.json data.train.kept: after cleaning and
+    data.train_fraction), or None where not recorded."""
+    return (run.results.get("data") or {}).get("train", {}).get("kept")
 
 
 def evaluated(run: Run) -> str:

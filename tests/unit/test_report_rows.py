@@ -142,7 +142,18 @@ def _by_data(seed: int, fraction: float, heads: int, best_step: int | None) -> R
                                 f"model.heads={heads}"]
     run.results["train"] = {"evaluated": {"checkpoint": "best", "step": best_step}
                             if best_step else {"checkpoint": "last", "step": 1000}}
+    run.results["data"] = {"train": {"read": 29000, "kept": round(fraction * 29000)}}
     return run
+
+
+def test_rows_on_different_amounts_of_data_show_their_training_pairs():
+    rows, varying = group([_by_data(s, f, 8, 300) for s in (1, 2) for f in (0.1, 1.0)])
+    table = render(rows, rows[0], varying, "test", None)
+    column = table["header"].index("train pairs")
+    assert [b[column] for b in table["rows"]] == ["2,900", "29,000"]
+    same = render(*(lambda r, v: (r, r[0], v))(*group([_by_data(1, 1.0, h, 300) for h in (1, 8)])),
+                  "test", None)
+    assert "train pairs" not in same["header"]
 
 
 def test_the_preset_names_the_x_axis_where_two_swept_numbers_vary():

@@ -1,0 +1,150 @@
+"""BLEU against training pairs, a line per h and corpus: heads_by_data studies of several corpora
+in one figure, drawn from their `heads-lab report` tables (report.csv).
+
+    python scripts/data_size_figure.py --out results/heads_by_data_tatoeba/bleu_by_data.png \
+        'Multi30k (image captions)=results/heads_by_data_gpu/report.csv:29000' \
+        'Tatoeba (everyday sentences)=results/heads_by_data_tatoeba/report.csv'
+
+Each argument is LABEL=CSV[:PAIRS]. A row's x is its `train pairs` column where the report has
+one, else round(data.train_fraction × PAIRS) (PAIRS: the corpus' training pairs, as
+data.train_fraction subsets them; a report written before the column existed needs it). Left:
+test BLEU (mean ± std over the row's seeds); right: each h's BLEU minus h = 8's at the same data
+size (means), so a line above 0 is an h that beats 8 heads. Colour is h, marker and line style the
+corpus: the corpora differ in domain, so their lines are kept apart, never joined.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+STYLES = (("o", "-"), ("s", "--"), ("^", ":"), ("D", "-."))
+BASE_H = 8
+
+
+@dataclass
+class Point:
+    corpus: str
+    h: int
+    pairs: int
+    bleu: float
+    std: float
+    runs: int
+
+
+def _number(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+def _mean_std(cell: str) -> tuple[float, float]:
+    """'38.57 ± 0.54' → (38.57, 0.54); '38.57' → (38.57, 0.0)."""
+    parts = cell.split("±")
+    return _number(parts[0]), (_number(parts[1]) if len(parts) > 1 else 0.0)
+
+
+def read(label: str, path: Path, full_pairs: int | None) -> list[Point]:
+    """The rows of one report.csv as points (h, training pairs, test BLEU)."""
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    if not rows or "test BLEU" not in rows[0] or "h" not in rows[0]:
+        raise SystemExit(f"error: {path} is not a heads-lab report.csv with h and test BLEU columns")
+    points = []
+    for row in rows:
+        if row.get("train pairs"):
+            pairs = int(_number(row["train pairs"]))
+        else:
+            found = re.search(r"train_fraction=([0-9.]+)", row["setting"])
+            if not found or full_pairs is None:
+                raise SystemExit(f"error: {path} has no train pairs column; give the corpus' "
+                                 f"training pairs as {label}={path}:PAIRS")
+            pairs = max(1, round(float(found.group(1)) * full_pairs))
+        bleu, std = _mean_std(row["test BLEU"])
+        points.append(Point(label, int(row["h"]), pairs, bleu, std, int(row["runs"])))
+    return points
+
+
+def differences(points: list[Point]) -> dict[tuple[str, int], list[tuple[int, float]]]:
+    """(corpus, h) → [(pairs, BLEU − BLEU of h = 8 at the same corpus and pairs)], h ≠ 8."""
+    base = {(p.corpus, p.pairs): p.bleu for p in points if p.h == BASE_H}
+    out: dict[tuple[str, int], list[tuple[int, float]]] = {}
+    for p in sorted(points, key=lambda p: p.pairs):
+        if p.h != BASE_H and (p.corpus, p.pairs) in base:
+            out.setdefault((p.corpus, p.h), []).append((p.pairs, p.bleu - base[p.corpus, p.pairs]))
+    return out
+
+
+def draw(points: list[Point], out: Path) -> None:
+    import matplotlib  # lazy: start-up time (matplotlib)
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # lazy: after use("Agg")
+
+    corpora = list(dict.fromkeys(p.corpus for p in points))
+    heads = sorted({p.h for p in points})
+    colours = {h: plt.get_cmap("tab10")(i) for i, h in enumerate(heads)}
+    style = {c: STYLES[i % len(STYLES)] for i, c in enumerate(corpora)}
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
+    for corpus in corpora:
+        marker, line = style[corpus]
+        for h in heads:
+            mine = sorted((p for p in points if p.corpus == corpus and p.h == h),
+                          key=lambda p: p.pairs)
+            if mine:
+                left.errorbar([p.pairs for p in mine], [p.bleu for p in mine],
+                              [p.std for p in mine], marker=marker, linestyle=line, capsize=3,
+                              color=colours[h], label=f"{corpus}, h = {h}")
+    for (corpus, h), series in differences(points).items():
+        marker, line = style[corpus]
+        right.plot([x for x, _ in series], [y for _, y in series], marker=marker, linestyle=line,
+                   color=colours[h], label=f"{corpus}, h = {h}")
+    right.axhline(0, color="grey", linewidth=1)
+    runs = sorted({p.runs for p in points})
+    seeds = f"{runs[0]}" if len(runs) == 1 else f"{runs[0]}–{runs[-1]}"
+    left.set_title(f"test BLEU (mean ± std over {seeds} seeds)")
+    right.set_title(f"BLEU minus h = {BASE_H}'s at the same data size (means)")
+    ticks = sorted({p.pairs for p in points})
+    for ax in (left, right):
+        ax.set_xscale("log")
+        ax.set_xticks(ticks, [f"{t / 1000:.1f}k" if t < 10_000 else f"{t / 1000:.0f}k"
+                              for t in ticks], rotation=45)
+        ax.minorticks_off()
+        ax.set_xlabel("training pairs (log scale)")
+        ax.grid(alpha=0.3)
+    left.set_ylabel("test BLEU (each corpus' own test set)")
+    right.set_ylabel(f"BLEU − BLEU(h = {BASE_H})")
+    left.legend(fontsize=7, ncol=2)
+    right.legend(fontsize=7)
+    fig.suptitle("More heads with more data? d_model 256, 3+3 layers, d_k = 256 / h")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("studies", nargs="+", help="LABEL=CSV[:PAIRS]")
+    parser.add_argument("--out", required=True, help="the PNG to write")
+    opts = parser.parse_args(argv)
+    points = []
+    for item in opts.studies:
+        label, sep, where = item.partition("=")
+        if not sep:
+            raise SystemExit(f"error: {item!r}: expected LABEL=CSV[:PAIRS]")
+        path, _, pairs = where.partition(":")
+        if not Path(path).is_file():
+            raise SystemExit(f"error: no report {path}")
+        points += read(label, Path(path), int(pairs) if pairs else None)
+    draw(points, Path(opts.out))
+    for (corpus, h), series in differences(points).items():
+        text = ", ".join(f"{x:,}: {y:+.2f}" for x, y in series)
+        print(f"{corpus}, h = {h} minus h = {BASE_H}: {text}")
+    print(f"figure: {opts.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
