@@ -7,7 +7,7 @@ Two steps, from the repository root:
 
   python scripts/gpu_check.py prepare        # on a machine with pip and ../shared/data (or
                                              # $HEADS_LAB_DATA): wheels into .whl/, Multi30k
-                                             # into .gpu_data/ (~4 MB), both git-ignored
+                                             # and Tatoeba into .gpu_data/ (~8 MB), git-ignored
   python scripts/gpu_check.py run --out DIR  # on the GPU machine (carry .whl and .gpu_data)
 
 `run` installs the wheels into a private folder (--site; never torch, never the machine's own
@@ -147,8 +147,16 @@ def prepare(data: Path) -> int:
             (dst / f.name).unlink(missing_ok=True)
             shutil.copyfile(f, dst / f.name)
             copied += f.stat().st_size
+    tatoeba = data / "tatoeba" / "deu-eng.zip"  # for the *_tatoeba presets' studies
+    if tatoeba.is_file():
+        (DATA / "tatoeba").mkdir(exist_ok=True)
+        (DATA / "tatoeba" / tatoeba.name).unlink(missing_ok=True)
+        shutil.copyfile(tatoeba, DATA / "tatoeba" / tatoeba.name)
     print(f"prepared: {len(list(WHEELS.glob('*.whl')))} wheels in {WHEELS}, "
-          f"{copied / 2**20:.1f} MB of Multi30k in {dst}")
+          f"{copied / 2**20:.1f} MB of Multi30k in {dst}"
+          + (f", Tatoeba's {tatoeba.stat().st_size / 2**20:.1f} MB zip in {DATA / 'tatoeba'}"
+             if tatoeba.is_file() else f" (no Tatoeba at {tatoeba}: the *_tatoeba presets "
+                                        "cannot run there)"))
     print("on the GPU machine (carry .whl and .gpu_data): python scripts/gpu_check.py run --out DIR")
     return 0
 
