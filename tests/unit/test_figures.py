@@ -9,7 +9,6 @@ import shutil
 import subprocess
 import sys
 import types
-from pathlib import Path
 
 import matplotlib.colors as mcolors
 import matplotlib.image as mpimg
@@ -268,37 +267,3 @@ def test_prune_curve_ppl_axis_reads_as_plain_numbers(tmp_path, monkeypatch):
     _, wide = _ppl_tick_labels(tmp_path, monkeypatch, [5.0, 500.0, 5e4])
     assert set(wide) <= {"1", "10", "100", "1000", "10000", "100000"} and "100" in wide, wide
 
-
-def _data_size_script():
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[2] / "scripts" / "data_size_figure.py"
-    spec = importlib.util.spec_from_file_location("data_size_figure", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_data_size_figure_joins_two_corpora_from_their_reports(tmp_path, capsys):
-    script = _data_size_script()
-    header = "setting,h,kv,d_k,enc+dec,params,runs,valid PPL,test BLEU,test chrF,p vs base"
-    old = tmp_path / "old.csv"  # a report from before the train pairs column
-    old.write_text(header + "\n" + "\n".join(
-        f'"train_fraction={f},h={h}",{h},{h},{256 // h},3+3,"7,578,624",3,6.1,{b},57.0,-'
-        for f, h, b in [(0.1, 1, "20.00 ± 1.00"), (0.1, 8, "21.50 ± 0.50"), (1.0, 1, "38.00"),
-                        (1.0, 8, '"37.00 ± 0.20"')]) + "\n")
-    new = tmp_path / "new.csv"
-    new.write_text(header + ",train pairs\n" + "\n".join(
-        f'"train_fraction={f},h={h}",{h},{h},{256 // h},3+3,"7,578,624",3,6.1,{b},57.0,-,"{n}"'
-        for f, h, b, n in [(0.1, 8, "30.00", "16,478"), (0.1, 32, "29.25", "16,478")]) + "\n")
-    out = tmp_path / "fig.png"
-    assert script.main(["--out", str(out), f"A={old}:29000", f"B={new}"]) == 0
-    assert out.stat().st_size > 10_000
-    points = script.read("A", old, 29000) + script.read("B", new, None)
-    assert [(p.pairs, p.bleu, p.std) for p in points[:2]] == [(2900, 20.0, 1.0), (2900, 21.5, 0.5)]
-    assert script.differences(points) == {("A", 1): [(2900, -1.5), (29000, 1.0)],
-                                          ("B", 32): [(16478, -0.75)]}
-    assert "A, h = 1 minus h = 8: 2,900: -1.50, 29,000: +1.00" in capsys.readouterr().out
-    with pytest.raises(SystemExit, match="no train pairs column"):
-        script.read("A", old, None)

@@ -1,0 +1,67 @@
+"""The scripts that join published study reports: the data-size figure across corpora
+(scripts/data_size_figure.py) and the head-role table across analyses
+(scripts/head_roles_table.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _script(name: str):
+    path = ROOT / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_data_size_figure_joins_two_corpora_from_their_reports(tmp_path, capsys):
+    script = _script("data_size_figure")
+    header = "setting,h,kv,d_k,enc+dec,params,runs,valid PPL,test BLEU,test chrF,p vs base"
+    old = tmp_path / "old.csv"  # a report from before the train pairs column
+    old.write_text(header + "\n" + "\n".join(
+        f'"train_fraction={f},h={h}",{h},{h},{256 // h},3+3,"7,578,624",3,6.1,{b},57.0,-'
+        for f, h, b in [(0.1, 1, "20.00 ± 1.00"), (0.1, 8, "21.50 ± 0.50"), (1.0, 1, "38.00"),
+                        (1.0, 8, '"37.00 ± 0.20"')]) + "\n")
+    new = tmp_path / "new.csv"
+    new.write_text(header + ",train pairs\n" + "\n".join(
+        f'"train_fraction={f},h={h}",{h},{h},{256 // h},3+3,"7,578,624",3,6.1,{b},57.0,-,"{n}"'
+        for f, h, b, n in [(0.1, 8, "30.00", "16,478"), (0.1, 32, "29.25", "16,478")]) + "\n")
+    out = tmp_path / "fig.png"
+    assert script.main(["--out", str(out), f"A={old}:29000", f"B={new}"]) == 0
+    assert out.stat().st_size > 10_000
+    points = script.read("A", old, 29000) + script.read("B", new, None)
+    assert [(p.pairs, p.bleu, p.std) for p in points[:2]] == [(2900, 20.0, 1.0), (2900, 21.5, 0.5)]
+    assert script.differences(points) == {("A", 1): [(2900, -1.5), (29000, 1.0)],
+                                          ("B", 32): [(16478, -0.75)]}
+    assert "A, h = 1 minus h = 8: 2,900: -1.50, 29,000: +1.00" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="no train pairs column"):
+        script.read("A", old, None)
+
+
+def test_head_roles_table_reads_a_published_analysis():
+    script = _script("head_roles_table")
+    relpos = ROOT / "results" / "head_analysis" / "relpos16"
+    pud = script.summarise("pud", (relpos / "pud" / "analysis.md").read_text())
+    assert pud.roles == {"positional": 0, "syntactic": 1, "rare": 0, "other": 71}
+    assert pud.positional == (0.87, "-1", "L2 H2")  # just under Voita's 0.90
+    assert pud.syntactic == (0.13, "case dep→head", "L2 H1")
+    assert pud.within["enc-self"] == [0.288, 0.407, 0.451]
+    test = script.summarise("test", (relpos / "multi30k_test" / "analysis.md").read_text())
+    assert test.positional == (0.91, "-1", "L2 H2") and test.syntactic is None  # no trees
+    table = script.markdown([pud, test])
+    assert "| pud | 0 / 1 / 0 of 72 | 0.87 at -1 (L2 H2) |" in table
+    assert "– (no trees)" in table.splitlines()[-1]
+
+
+def test_head_roles_table_refuses_a_file_it_cannot_read(tmp_path):
+    script = _script("head_roles_table")
+    with pytest.raises(SystemExit, match="no section"):
+        script.summarise("x", "# not an analysis\n")
