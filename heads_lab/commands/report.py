@@ -120,25 +120,13 @@ def render(rows: list[Row], base: Row, varying: list[str], split: str,
     body = []
     for row in rows:
         c, m = row.runs[0].config, [r.metrics for r in row.runs]
-        known = model_shape(c)
-        shape = []
-        for _, key in SHAPE:
-            if key is None:
-                shape.append(f"{c.get('model.encoder_layers')}+{c.get('model.decoder_layers')}")
-            elif key == "model.head_dim":
-                shape.append(str(row.runs[0].results.get("cost", {}).get("d_head")
-                                 or known.get(key) or c.get(key)
-                                 or c.get("model.d_model", 0) // (c.get("model.heads") or 1)))
-            elif known:  # "–": not a key of this row's attention variant (h_K for multi-head)
-                shape.append(str(known[key]) if key in known else NOT_APPLICABLE)
-            else:  # a config this version cannot read: as written, unset = model.heads
-                shape.append(str(c.get(key) if c.get(key) is not None else c.get("model.heads")))
+        shape = shape_cells(row)
         cells = [row.label + (" (base)" if row is base else ""), *shape,
                  params_text([x.get("cost/params") for x in m]),
                  str(len(row.runs)), stat([x.get("valid/ppl") for x in m], 2),
                  stat([x.get(f"{split}/bleu") for x in m], 2),
                  stat([x.get(f"{split}/chrf") for x in m], 2),
-                 "-" if row.p_value is None else f"{row.p_value:.4f}",
+                 p_text(row),
                  stat([x.get("train/tokens_per_s") for x in m], 0),
                  stat([x.get("cost/peak_mem_mb") for x in m], 0)]
         if gated:
@@ -160,7 +148,7 @@ def render(rows: list[Row], base: Row, varying: list[str], split: str,
     header = [x for i, x in enumerate(header) if i not in unused]  # e.g. h_K in table_a's
     body = [[x for i, x in enumerate(b) if i not in unused] for b in body]
     note = ("mean ± std over the runs (seeds) of a row; p: sacrebleu paired bootstrap of BLEU "
-            "vs the base row (seed-matched hypotheses)")
+            "vs the base row (seed-matched hypotheses, on the base row's references only)")
     if p_seeds:  # name them: where rows have different seeds, p uses only those all rows have
         partial = any({r.config.get("seed") for r in row.runs} != set(p_seeds) for row in rows)
         plural = "s" if len(p_seeds) > 1 else ""
@@ -182,6 +170,32 @@ def render(rows: list[Row], base: Row, varying: list[str], split: str,
     if paper:
         note += f"; paper columns: {paper['label']} (theirs, not ours)"
     return {"header": header, "rows": body, "note": note, "varying": varying}
+
+
+def shape_cells(row: Row) -> list[str]:
+    """The row's head-shape columns (SHAPE): its variant's own kinds, d_k, layers."""
+    c = row.runs[0].config
+    known = model_shape(c)
+    shape = []
+    for _, key in SHAPE:
+        if key is None:
+            shape.append(f"{c.get('model.encoder_layers')}+{c.get('model.decoder_layers')}")
+        elif key == "model.head_dim":
+            shape.append(str(row.runs[0].results.get("cost", {}).get("d_head")
+                             or known.get(key) or c.get(key)
+                             or c.get("model.d_model", 0) // (c.get("model.heads") or 1)))
+        elif known:  # "–": not a key of this row's attention variant (h_K for multi-head)
+            shape.append(str(known[key]) if key in known else NOT_APPLICABLE)
+        else:  # a config this version cannot read: as written, unset = model.heads
+            shape.append(str(c.get(key) if c.get(key) is not None else c.get("model.heads")))
+    return shape
+
+
+def p_text(row: Row) -> str:
+    """The p column: the p-value, '-' where untested (the base row), or why there is none."""
+    if row.p_value is None:
+        return f"– ({row.p_reason})" if row.p_reason else "-"
+    return f"{row.p_value:.4f}" + (f" ({row.p_reason})" if row.p_reason else "")
 
 
 def budget_note(rows: list[Row], budgets: list[float]) -> str:

@@ -48,6 +48,7 @@ class Row:
     label: str
     runs: list[Run] = field(default_factory=list)
     p_value: float | None = None
+    p_reason: str | None = None  # why a row has no p, or p = 1 (significance)
 
 
 def collect(dirs: list[Path]) -> tuple[list[Run], list[tuple[str, str]]]:
@@ -169,7 +170,13 @@ def base_row(rows: list[Row], runs: list[Run]) -> Row:
 
 def significance(rows: list[Row], base: Row, split: str, samples: int) -> list | None:
     """Paired bootstrap (sacrebleu) of each row's BLEU against the base row, on the hypotheses
-    of the seeds every row has, concatenated in seed order. Returns those seeds (None: no test)."""
+    of the seeds every row has, concatenated in seed order. A row is paired with the base only on
+    the very same references (its refs files' lines, seed by seed, equal to the base's): a row on
+    another test set has no p (p_reason "other test set"), whatever its line count. A row whose
+    hypotheses are the base's has none either ("same hypotheses"), and a row whose BLEU equals
+    the base's gets p = 1 ("equal BLEU"): sacrebleu's bootstrap compares resampled differences
+    with `>`, so a difference of exactly zero everywhere reads p = 1/(n + 1), "significant".
+    Returns those seeds (None: no test)."""
     common = set.intersection(*({r.config.get("seed") for r in row.runs} for row in rows))
     if len(rows) < 2 or not common:
         return None
@@ -183,15 +190,29 @@ def significance(rows: list[Row], base: Row, split: str, samples: int) -> list |
             out += path.read_text(encoding="utf-8").splitlines()
         return out
 
-    refs = texts(base, "refs")
-    others = [row for row in rows if row is not base]
-    named = [(base.label, texts(base, "hyps"))] + [(row.label, texts(row, "hyps")) for row in others]
-    if any(len(h) != len(refs) for _, h in named):
-        return None  # different test sets: no paired test
-    test = PairedTest(named, {"BLEU": BLEU()}, [refs], test_type="bs", n_samples=samples)
+    refs, base_hyps = texts(base, "refs"), texts(base, "hyps")
+    paired = []
+    for row in rows:
+        if row is base:
+            continue
+        hyps = texts(row, "hyps")
+        if texts(row, "refs") != refs:
+            row.p_reason = "other test set"
+        elif hyps == base_hyps:
+            row.p_reason = "same hypotheses"
+        else:
+            paired.append((row, hyps))
+    if not paired:
+        return seeds
+    test = PairedTest([(base.label, base_hyps)] + [(row.label, hyps) for row, hyps in paired],
+                      {"BLEU": BLEU()}, [refs], test_type="bs", n_samples=samples)
     _, scores = test()
-    for row, result in zip(others, scores["BLEU"][1:]):
-        row.p_value = result.p_value
+    base_bleu = scores["BLEU"][0].score
+    for (row, _), result in zip(paired, scores["BLEU"][1:]):
+        if result.score == base_bleu:
+            row.p_value, row.p_reason = 1.0, "equal BLEU"
+        else:
+            row.p_value = result.p_value
     return seeds
 
 

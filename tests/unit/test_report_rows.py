@@ -243,3 +243,46 @@ def test_an_older_rectangular_talking_heads_run_is_its_own_row_with_the_start_it
                   sorted(run.dir.name for run in r.runs)) for r in rows)
     assert got == [(4, "None", ["new_rect"]), (4, "identity", ["old_rect"]),
                    (8, "None", ["new_square", "old_square"])]
+
+
+def _scored(tmp_path: Path, name: str, heads: int, hyps: list[str], refs: list[str]) -> Run:
+    run = _run(1, heads=heads)
+    run.dir = tmp_path / name
+    run.dir.mkdir()
+    (run.dir / "hyps.test.txt").write_text("\n".join(hyps) + "\n", encoding="utf-8")
+    (run.dir / "refs.test.txt").write_text("\n".join(refs) + "\n", encoding="utf-8")
+    return run
+
+
+def test_p_values_pair_only_the_same_references_and_never_call_no_difference_significant(tmp_path):
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    from heads_lab.commands.report import p_text
+    from heads_lab.commands.report_rows import significance
+
+    refs = [f"the {w} dog runs over the green grass today" for w in
+            ("small", "big", "old", "young", "brown", "black", "white", "tall")] * 5
+    base = [r.replace("grass", "field") for r in refs]
+    better = list(refs[:30]) + base[30:]
+    equal = list(base)  # other words, same n-gram matches in every segment: the same BLEU
+    equal[0] = equal[0].replace("field", "lawn")
+    other_refs = [r.replace("dog", "cat") for r in refs]  # another test set, same line count
+    runs = [_scored(tmp_path, "base", 8, base, refs), _scored(tmp_path, "better", 1, better, refs),
+            _scored(tmp_path, "same", 2, base, refs), _scored(tmp_path, "equal", 4, equal, refs),
+            _scored(tmp_path, "other", 16, base, other_refs)]
+    rows, _ = group(runs)
+    by_heads = {row.runs[0].config["model.heads"]: row for row in rows}
+    assert significance(rows, by_heads[8], "test", 200) == [1]
+    # a different system: sacrebleu's own paired bootstrap, unchanged
+    _, scores = PairedTest([("base", base), ("better", better)], {"BLEU": BLEU()}, [refs],
+                           test_type="bs", n_samples=200)()
+    assert by_heads[1].p_value == scores["BLEU"][1].p_value < 0.05
+    assert p_text(by_heads[2]) == "– (same hypotheses)"
+    # sacrebleu itself calls a difference of exactly zero significant (p = 1/(n + 1))
+    _, scores = PairedTest([("base", base), ("equal", equal)], {"BLEU": BLEU()}, [refs],
+                           test_type="bs", n_samples=200)()
+    assert scores["BLEU"][1].score == scores["BLEU"][0].score and scores["BLEU"][1].p_value < 0.01
+    assert by_heads[4].p_value == 1.0 and p_text(by_heads[4]) == "1.0000 (equal BLEU)"
+    assert by_heads[16].p_value is None and p_text(by_heads[16]) == "– (other test set)"
+    assert p_text(by_heads[8]) == "-"  # the base row itself
