@@ -10,6 +10,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.heads-lab-installed
 DEV_STAMP := $(VENV)/.heads-lab-dev-installed
 ARGS ?=
+PYTEST_JOBS ?= 2
 
 .PHONY: install install-dev demo test test-slow lint bench clean clean-outputs
 
@@ -32,12 +33,13 @@ demo: install  ## train on the embedded synthetic language pair and print PPL / 
 	$(BIN)/heads-lab train $(ARGS)
 
 test: install-dev  ## unit + integration tests, without the slow ones; the CUDA tests' logic on CPU
-	$(BIN)/python -m pytest -q -m "not slow" tests $(ARGS)
+	@# PYTEST_JOBS processes (pytest-xdist); a module's tests stay on one (they share its fixtures)
+	$(BIN)/python -m pytest -q -n $(PYTEST_JOBS) --dist loadscope -m "not slow" tests $(ARGS)
 	@# tests/cuda skip without a GPU; on the CPU (CPU against CPU, ~15 s) they still catch a
 	@# test that no longer matches the code (a renamed function went unseen until a GPU ran them)
 	HEADS_LAB_CUDA_TESTS_ON=cpu $(BIN)/python -m pytest -q -p no:cacheprovider -m cuda tests/cuda
 
-test-slow: install-dev
+test-slow: install-dev  ## the long end-to-end tests (stop signals, resumes, two nodes), one at a time
 	$(BIN)/python -m pytest -q -m slow tests $(ARGS)
 
 bench: install  ## the speed table and its targets (a few minutes; writes bench.json)

@@ -1,5 +1,7 @@
 """The one way heads-lab writes a file: atomically (a temp file in the same dir, then a rename),
-so a reader, a crash or a concurrent sweep job never sees half of it."""
+so a reader, a crash or a concurrent sweep job never sees half of it, with the permissions of any
+file the user creates (0666 less the umask: 0644 under the usual 022), so colleagues on a shared
+machine can read results as they can the PNGs and checkpoints."""
 
 from __future__ import annotations
 
@@ -18,8 +20,24 @@ def write_atomic(path: Path, data: str | bytes) -> Path:
     with tempfile.NamedTemporaryFile(mode, dir=path.parent, prefix=f".{path.name}.",
                                      suffix=".tmp", delete=False, **kwargs) as f:
         f.write(data)
+    os.chmod(f.name, 0o666 & ~_umask())  # NamedTemporaryFile makes it 0600 whatever the umask
     os.replace(f.name, path)
     return path
+
+
+def _umask() -> int:
+    """The process's umask: from /proc on Linux, else by setting it and straight back (which
+    another thread could see for an instant)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def write_json(path: Path, obj: Any) -> Path:

@@ -274,6 +274,7 @@ def test_gates_from_scratch_report_heads_kept_and_evaluate_again(tmp_path):
 
 @pytest.mark.parametrize("mixes,counts", [("logits", (2, 4, 4)), ("weights", (4, 4, 2))],
                          ids=["logits only", "weights only"])
+@pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)
 def test_talking_heads_with_one_mix_train_analyze_mask_and_gate(tmp_path, mixes, counts):
     hk, h, hv = counts
     proc = heads_lab("train", *[a for a in SMALL if not a.startswith("trainer.max_steps")],

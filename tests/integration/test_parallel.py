@@ -106,6 +106,7 @@ def _lost_peer_line(node: subprocess.Popen, started: float, limit: float) -> str
     return lines[0]
 
 
+@pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)
 def test_two_nodes_lose_a_peer_stop_in_time_and_resume(tmp_path):
     """Two torchrun nodes train one run: killing one node, then freezing one, stops the other
     within trainer.dist_timeout_s with one line naming the step and the checkpoint; the same

@@ -50,6 +50,7 @@ def uninterrupted(tmp_path_factory) -> dict:
     return json.loads((cwd / "run" / "results.json").read_text())
 
 
+@pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)
 def test_sigkill_then_sigterm_then_resume_equals_an_uninterrupted_run(uninterrupted, tmp_path):
     run_dir = tmp_path / "run"
     proc = _start(run_dir, tmp_path)
@@ -128,6 +129,7 @@ os.replace = _slow_replace
                                                     ("a config's defaults", "SIGTERM", 2),
                                                     ("command line", "SIGINT", 4),
                                                     ("command line", "SIGTERM to one worker", 2)])
+@pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)
 def test_a_stop_signal_to_a_local_launcher_sweep_stops_its_workers_and_the_sweep_resumes(
         chosen_by, stop, n_jobs, tmp_path, request):
     """`kill <pid>` of a sweep whose jobs run in joblib's workers (hydra/launcher=local), as a
