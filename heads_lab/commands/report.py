@@ -68,7 +68,7 @@ def main(args: list[str]) -> int:
     rows, varying = group(runs)
     base = base_row(rows, runs)
     split = runs[0].results["decoding"]["split"]
-    status = Console(stderr=True)  # progress on stderr: stdout keeps the table alone
+    status = Console(stderr=True, soft_wrap=True)  # on stderr: stdout keeps the table alone
     status.print(f"report: {len(runs)} runs in {len(rows)} rows; paired bootstrap of BLEU against "
                  f"the base row ({opts.samples} resamples) ...")
     started = time.monotonic()

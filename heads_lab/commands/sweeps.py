@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -142,16 +143,19 @@ def check_sweep(overrides: list[str]) -> None:
             raise ConfigError(f"sweep job {label}: {one_line(err)} (no job was run)") from None
 
 
-def check_data(overrides: list[str]) -> None:
-    """A single run's data source checked before Hydra creates the run dir (sources.preflight):
-    a missing, damaged or wrong file fails in one line and nothing is written. A config that
-    does not compose is left to Hydra, which reports it itself."""
+def check_run(overrides: list[str]) -> None:
+    """A single run checked as a sweep's jobs are, before Hydra creates its run dir: the
+    config's relations (validate), its tracker installed, its data source (sources.preflight):
+    `model.heads=3` with d_model 256 or a damaged Tatoeba zip fails in one line and nothing is
+    written. A config that does not compose is left to Hydra, which reports it in one line."""
     if any(o.startswith("-") for o in overrides):
         return  # --cfg, --help ...: nothing is trained
     try:
         run = to_object(compose(overrides))
     except Exception:  # noqa: BLE001 (Hydra reports it in one line when it composes)
         return
+    validate(run)
+    check_installed(run.logger)
     _preflight(run.data)
 
 
@@ -214,11 +218,38 @@ def user_errors(hydra_cfg):
             raise
         if hydra_cfg.mode != RunMode.MULTIRUN:
             print(f"error: {err}", file=sys.stderr)
+            discard_unstarted(Path(hydra_cfg.runtime.output_dir))
             raise SystemExit(2) from None
         job = job_label(list(hydra_cfg.overrides.task), hydra_cfg.job.num)
         say_line(f"error: job {hydra_cfg.job.num} ({job}): {err}")
         FAILED_JOBS.append(job)
         record_failure(Path(hydra_cfg.runtime.output_dir), str(err), job)
+
+
+STARTUP_FILES = (".hydra", "train.log", "tokenizer.model")  # what a run writes before training
+
+
+def discard_unstarted(run_dir: Path) -> None:
+    """A single run stopped by a user error before it trained (a data file missing, the hub
+    unreachable): remove what Hydra and the start wrote (.hydra/, train.log, the tokenizer), so
+    no empty run dir is left for `report` to list; the error was said on stderr. A dir holding
+    anything else (checkpoints, results, the user's files) is left as it is."""
+    if not run_dir.is_dir() or any(p.name not in STARTUP_FILES for p in run_dir.iterdir()):
+        return
+    for name in STARTUP_FILES:
+        path = run_dir / name
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    cwd = Path.cwd().resolve()
+    for folder in (run_dir, *run_dir.resolve().parents):  # and outputs/runs/<date>/ left empty
+        if folder == cwd or cwd not in folder.parents and folder != run_dir:
+            break
+        try:
+            folder.rmdir()  # only an empty one
+        except OSError:
+            break
 
 
 def job_label(task: list[str], num: int) -> str:
@@ -306,10 +337,9 @@ def prepare(overrides: list[str]) -> list[str]:
     RERUN[:] = ["--rerun"] if "--rerun" in overrides else []
     overrides = [o for o in overrides if o != "--rerun"]
     refuse_finished_run_dir(overrides)  # a sweep may hold its own finished jobs (skipped)
-    check_writable_run_dir(overrides)
     os.environ.pop(SWEEP_KEYS_ENV, None)
     if not is_multirun(overrides):
-        check_data(overrides)
+        check_run(overrides)
     else:
         check_sweep(overrides)
         jobs = sweep_jobs(overrides)
@@ -317,6 +347,7 @@ def prepare(overrides: list[str]) -> list[str]:
             keys = sorted({k for job in jobs for k in job
                            if len({job_.get(k) for job_ in jobs}) > 1})
             os.environ[SWEEP_KEYS_ENV] = json.dumps(keys)
+    check_writable_run_dir(overrides)  # after the config checks: a bad config creates no dir
     FAILED_JOBS.clear()
     FIXED_OVERRIDES.clear()
     FIXED_OVERRIDES.update(o for o in overrides if "," not in o.split("=", 1)[-1])

@@ -60,10 +60,12 @@ def open_source(cfg: DataConfig) -> dict[str, SplitReader]:
 
 def preflight(cfg: DataConfig) -> None:
     """The checks of a source cheap enough to run before Hydra writes anything (a run dir, its
-    .hydra/): Tatoeba's zip found, its sha256, every line with its tab. Raises DataError in one
-    line. Other sources are checked when they are read."""
+    .hydra/): Tatoeba's zip found, its sha256, every line with its tab; local files found. Raises
+    DataError (or ConfigError) in one line. Other sources are checked when they are read."""
     if isinstance(cfg, TatoebaDataConfig):
         _tatoeba(cfg)["train"].info()  # reads and splits the file: every line is checked
+    elif isinstance(cfg, TextFilesDataConfig) and not isinstance(cfg, Multi30kDataConfig):
+        open_source(cfg)  # every split's files exist (Multi30k may still come from the hub)
 
 
 # ---------------------------------------------------------------- plain-text files

@@ -8,6 +8,7 @@ stderr); nothing is printed for work that finishes before the first interval."""
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Iterable, Iterator
 from typing import TypeVar
@@ -61,3 +62,20 @@ def steps(items: Iterable[T], what: str, total: int, log: logging.Logger,
         yield item
         counter.step()
     counter.finish()
+
+
+def console_handler(show_path: bool = False, markup: bool = False) -> logging.Handler:
+    """The console's log handler (conf/hydra/*_logging/rich.yaml): rich's on a terminal; plain
+    lines on stdout elsewhere (a SLURM .out, nohup, a CI log), one line per record, never
+    wrapped at 80 columns or padded, so a progress line keeps its `elapsed … ETA` and a path its
+    characters."""
+    from rich.console import Console  # lazy: start-up time (rich), and only on a terminal
+    from rich.logging import RichHandler  # lazy: as above
+
+    console = Console()
+    if console.is_terminal:
+        return RichHandler(console=console, show_path=show_path, markup=markup)
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("[%(asctime)s] %(levelname)s %(message)s",
+                                           datefmt="%m/%d/%y %H:%M:%S"))
+    return handler

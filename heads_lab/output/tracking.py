@@ -26,7 +26,7 @@ from heads_lab.output.files import write_json  # noqa: F401 (tracking.write_json
 from heads_lab.output.progress import clock
 
 log = logging.getLogger(__name__)
-console = Console()
+console = Console(soft_wrap=True)  # a long line (a path) stays one line in a log file
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """Bad input, table-driven: every case exits 2 with one line naming the key or file and the fix,
-no traceback, and leaves an earlier finished run's files untouched."""
+no traceback, leaves an earlier finished run's files untouched and no run dir of its own."""
 
 from __future__ import annotations
 
@@ -139,3 +139,6 @@ def test_bad_input_is_one_line_exit_2_and_loses_nothing(earlier_run, tmp_path, n
         proc = heads_lab(command, *target, *rest[1:], cwd=cwd)
     _assert_one_line_error(proc, *fragments)
     assert _fingerprint(run_dir) == before  # the earlier run: every file as it was
+    # no run dir left behind for `report` to list as "not started" (a config refused before Hydra
+    # writes anything, a data error after: its .hydra/ and train.log removed)
+    assert sorted((cwd / "outputs" / "runs").glob("*/*")) == [run_dir]

@@ -182,16 +182,19 @@ def test_a_job_failing_at_run_time_does_not_stop_the_sweep(launcher, tmp_path):
 
 
 def test_a_failed_sweep_job_run_again_is_no_longer_failed(tmp_path):
-    from tests.unit.test_data_sources import _corpus
+    from tests.unit.test_data_sources import _corpus, _sentences, _write
 
     root, sweep = tmp_path / "corpus", tmp_path / "sweep"
     args = ("train", "-m", "model=tiny", "trainer.max_steps=2", "trainer.max_tokens=1024",
             "eval.beam=1", "logger=none", "data=local", f"data.root={root}", "data.src=de",
             "data.tgt=en", "data.vocab_size=60", "model.heads=2,4", f"hydra.sweep.dir={sweep}")
-    first = heads_lab(*args, cwd=tmp_path)  # the data is not there yet: both jobs fail
+    _corpus(root)
+    good = (root / "train.en").read_bytes()
+    _write(root / "train.en", _sentences(299, 1, "en"))  # found, but one line short
+    first = heads_lab(*args, cwd=tmp_path)  # both jobs fail reading it
     assert first.returncode == 2 and "2 job(s) of the sweep failed" in first.stderr
     assert len(list(sweep.glob("*/failed.json"))) == 2
-    _corpus(root)
+    (root / "train.en").write_bytes(good)
     again = heads_lab(*args, cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert list(sweep.glob("*/failed.json")) == [] and len(list(sweep.glob("*/results.json"))) == 2
@@ -379,6 +382,20 @@ def test_the_best_validation_weights_are_evaluated_when_asked(tmp_path):
     (checkpoint.checkpoint_dir(found.parent) / "best.pt").unlink()
     proc = heads_lab("eval", str(found.parent), cwd=tmp_path)
     _assert_one_line_error(proc, "no checkpoints/best.pt", "eval.checkpoint=last")
+
+
+def test_a_log_file_console_gets_plain_unwrapped_lines(tmp_path):
+    """stdout not a terminal (a SLURM .out, nohup): one line per log record and progress report,
+    no padding, and a long path unbroken."""
+    proc = heads_lab("train", *TINY, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    lines = proc.stdout.splitlines()
+    progress = [line for line in lines if " INFO step " in line and " tok/s " in line]
+    assert [line.split("step ", 1)[1].split()[0] for line in progress] == ["10/30", "20/30", "30/30"]
+    assert all(" elapsed 0:" in line and " ETA " in line for line in progress)
+    assert not [line for line in lines if line.startswith("[") and line != line.rstrip()]
+    (found,) = _results(tmp_path / "outputs")
+    assert f"results: {found}" in lines
 
 
 def test_a_run_logs_a_progress_line_every_log_every_steps(tiny_run_dir):
