@@ -24,6 +24,7 @@ import argparse
 import math
 import statistics
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from heads_lab.commands.report_rows import (
     Run,
     base_row,
     collect,
+    data_sets,
     group,
     model_shape,
     paper_of,
@@ -66,23 +68,27 @@ def main(args: list[str]) -> int:
     opts = parser.parse_args(args)
     runs, problems = collect([Path(d) for d in opts.dirs])
     rows, varying = group(runs)
-    base = base_row(rows, runs)
     split = runs[0].results["decoding"]["split"]
     status = Console(stderr=True, soft_wrap=True)  # on stderr: stdout keeps the table alone
     status.print(f"report: {len(runs)} runs in {len(rows)} rows; paired bootstrap of BLEU against "
                  f"the base row ({opts.samples} resamples) ...")
     started = time.monotonic()
-    p_seeds = significance(rows, base, split, opts.samples)
+    tables = []  # one per data set, each with its own base row: p pairs one test set only
+    for name, subset in data_sets(rows).items():
+        base = base_row(subset, runs)
+        p_seeds = significance(subset, base, split, opts.samples)
+        tables.append((name, render(subset, base, varying, split, paper_of(runs), p_seeds)))
     status.print(f"report: bootstrap done in {time.monotonic() - started:.0f} s")
     out = Path(opts.out or opts.dirs[0])
     out.mkdir(parents=True, exist_ok=True)
-    table = render(rows, base, varying, split, paper_of(runs), p_seeds)
     console = wide_console()
-    console.print(to_rich(table, "heads-lab report"))
+    for name, table in tables:
+        console.print(to_rich(table, f"heads-lab report{f': data={name}' if name else ''}"))
     for where, status in problems:
         console.print(f"[yellow]not in the table[/]: {where} ({status})")
-    write_markdown(out / "report.md", table, problems)
-    write_csv(out / "report.csv", table)
+    write_markdown(out / "report.md", tables, problems)
+    write_csv(out / "report.csv", [table for _, table in tables])
+    table = tables[0][1] if len(tables) == 1 else joined(tables)
     pngs = plot(rows, varying, split, out)
     console.print(f"report: {out / 'report.md'}, {out / 'report.csv'}, " + ", ".join(map(str, pngs)))
     if opts.wandb:
@@ -191,6 +197,15 @@ def shape_cells(row: Row) -> list[str]:
     return shape
 
 
+def joined(tables: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """Several data sets' tables as one (for wandb): their columns' union, in order."""
+    header = list(dict.fromkeys(col for _, t in tables for col in t["header"]))
+    rows = [[dict(zip(t["header"], r)).get(col, "") for col in header]
+            for _, t in tables for r in t["rows"]]
+    return {"header": header, "rows": rows, "varying": tables[0][1]["varying"],
+            "note": " / ".join(f"data={name}: {t['note']}" for name, t in tables)}
+
+
 def p_text(row: Row) -> str:
     """The p column: the p-value, '-' where untested (the base row), or why there is none."""
     if row.p_value is None:
@@ -284,9 +299,11 @@ def plot(rows: list[Row], varying: list[str], split: str, out: Path) -> list[Pat
         if len(lines) > 1:
             ax.legend(fontsize=8)
         ax.set_ylabel(name)
-        ax.set_xlabel(x_key if numeric else "setting")
-        if numeric and min(xs) > 0 and max(xs) / min(xs) >= 8:
-            ax.set_xscale("log", base=2)
+        ax.set_title(f"{name} (mean ± std over seeds)", fontsize=10)
+        ax.set_xlabel(short_key(x_key) if numeric else "setting")
+        if numeric:
+            if min(xs) > 0 and max(xs) / min(xs) >= 8:
+                ax.set_xscale("log", base=2)
             ticks = sorted(set(xs))  # the settings themselves (0.1, 0.3, 1; 1, 8, 32), not 2^k
             ax.set_xticks(ticks, [f"{x:g}" for x in ticks])
             ax.minorticks_off()
@@ -294,7 +311,8 @@ def plot(rows: list[Row], varying: list[str], split: str, out: Path) -> list[Pat
             ax.set_xticks(range(len(rows)), [rows[i].label for i in range(len(rows))],
                           rotation=30, ha="right", fontsize=8)
         ax.grid(alpha=0.3)
-    fig.tight_layout()
+    fig.suptitle(f"{len(rows)} rows: " + ", ".join(dict.fromkeys(short_key(k) for k in varying)))
+    _tight(fig)
     first = out / "report_quality.png"
     fig.savefig(first, dpi=120)
     plt.close(fig)
@@ -312,10 +330,16 @@ def plot(rows: list[Row], varying: list[str], split: str, out: Path) -> list[Pat
     ax.set_xlabel(cost_name)
     ax.set_ylabel(f"{split} BLEU")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
+    ax.set_title(f"{split} BLEU against {cost_name}", fontsize=10)
+    _tight(fig)
     second = out / "report_quality_vs_cost.png"
     fig.savefig(second, dpi=120)
     plt.close(fig)
     return [first, second]
 
 
+def _tight(fig) -> None:
+    """tight_layout, without matplotlib's warning where long labels leave it no room."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        fig.tight_layout()

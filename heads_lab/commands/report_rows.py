@@ -141,13 +141,42 @@ def group(runs: list[Run]) -> tuple[list[Row], list[str]]:
     keys = sorted({k for r in runs for k in r.config}, key=lambda k: (k not in on_command_line, k))
     varying = [k for k in keys if not is_among(k, (*BOOKKEEPING, "seed"))
                and len({json.dumps(r.config.get(k), sort_keys=True) for r in runs}) > 1]
+    if "data.name" in varying:  # several data sets: the rows group by data set, labelled by it
+        varying = ["data.name"] + [k for k in varying if k != "data.name" and not (
+            k.startswith("data.") and follows(runs, k, "data.name"))]
     rows: dict[tuple, Row] = {}
     for run in runs:
         key = tuple(json.dumps(run.config.get(k), sort_keys=True) for k in varying)
         label = ",".join(f"{short_key(k)}={run.config.get(k)}" for k in varying) or "all runs"
         rows.setdefault(key, Row(key, label)).runs.append(run)
-    return sorted(rows.values(), key=lambda row: [_order(row.runs[0].config.get(k))
-                                                  for k in varying]), varying
+    first = {}  # data sets in the order their runs came (the dirs given): the first dir's first
+    for run in runs:
+        first.setdefault(json.dumps(run.config.get("data.name")), (0, len(first), ""))
+    return sorted(rows.values(), key=lambda row: [
+        first[json.dumps(row.runs[0].config.get(k))] if k == "data.name"
+        else _order(row.runs[0].config.get(k)) for k in varying]), varying
+
+
+def follows(runs: list[Run], key: str, by: str) -> bool:
+    """Whether `key`'s value is one per value of `by` (a data set's files, splits and languages
+    follow from the data set): then it is no setting of its own beside `by`."""
+    seen: dict[str, str] = {}
+    for run in runs:
+        value = json.dumps(run.config.get(key), sort_keys=True)
+        if seen.setdefault(json.dumps(run.config.get(by)), value) != value:
+            return False
+    return True
+
+
+def data_sets(rows: list[Row]) -> dict[str, list[Row]]:
+    """The rows by data set (data.name), in row order; {"": rows} for one data set."""
+    names = {row.runs[0].config.get("data.name") for row in rows}
+    if len(names) < 2:
+        return {"": rows}
+    out: dict[str, list[Row]] = {}
+    for row in rows:
+        out.setdefault(str(row.runs[0].config.get("data.name")), []).append(row)
+    return out
 
 
 def _order(value: Any) -> tuple:

@@ -49,17 +49,28 @@ def markdown(table: Table) -> list[str]:
     return lines
 
 
-def write_markdown(path: Path, table: Table, problems: list[tuple[str, str]] = ()) -> Path:
-    """A Markdown table, its note in italics below, and `problems` (dir, why) listed."""
-    lines = markdown(table) + [""]
+def write_markdown(path: Path, table: Table | list[tuple[str, Table]],
+                   problems: list[tuple[str, str]] = ()) -> Path:
+    """A Markdown table, its note in italics below, and `problems` (dir, why) listed. Several
+    (name, table) pairs: a `## data=<name>` section each (one table when there is one)."""
+    sections = table if isinstance(table, list) else [("", table)]
+    lines = []
+    for name, one in sections:
+        lines += ([f"## data={name}", ""] if len(sections) > 1 else []) + markdown(one) + [""]
     if problems:
         lines += ["Not in the table:", ""] + [f"- `{d}`: {s}" for d, s in problems] + [""]
     return write_atomic(path, "\n".join(lines))
 
 
-def write_csv(path: Path, table: Table) -> Path:
+def write_csv(path: Path, table: Table | list[Table]) -> Path:
+    """A table as CSV; several tables as one, their columns' union in order (a cell a table
+    lacks is empty)."""
+    tables = table if isinstance(table, list) else [table]
+    header = list(dict.fromkeys(col for t in tables for col in t["header"]))
     buffer = io.StringIO()
     writer = csv.writer(buffer)
-    writer.writerow(table["header"])
-    writer.writerows(table["rows"])
+    writer.writerow(header)
+    for t in tables:
+        writer.writerows([dict(zip(t["header"], r)).get(col, "") for col in header]
+                         for r in t["rows"])
     return write_atomic(path, buffer.getvalue())

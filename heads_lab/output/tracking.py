@@ -68,7 +68,7 @@ def _git_commit() -> dict[str, Any] | None:
 
 # How settings read in run names (the trackers') and report rows: model.heads=8,seed=2 → h=8,seed=2.
 SHORT_KEYS = {**{key: short for short, key in shape_keys()}, "model.head_dim": "d_k",
-              "model.encoder_layers": "enc", "model.decoder_layers": "dec"}
+              "model.encoder_layers": "enc", "model.decoder_layers": "dec", "data.name": "data"}
 
 
 def short_key(key: str) -> str:

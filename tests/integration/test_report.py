@@ -240,3 +240,31 @@ def test_admin_trains_end_to_end(tmp_path):
     assert math.isfinite(results["metrics"]["valid/loss"])
     history = results["train"]["valid_history"]
     assert history[-1]["valid/loss"] < history[0]["valid/loss"] or len(history) == 1
+
+
+def test_runs_on_two_data_sets_get_a_table_each_short_labels_and_no_cross_pairing(sweep, tmp_path):
+    """The table_a sweep (synthetic) joined with the same models on a local corpus: a section per
+    data set, each with its own base row and p-values; rows labelled by the data set, not by
+    every data.* key; quality lines never join two corpora; no matplotlib warning leaks."""
+    from tests.unit.test_data_sources import _corpus
+
+    root = _corpus(tmp_path / "corpus", sizes=(300, 40, 40))
+    local = tmp_path / "local"
+    proc = heads_lab("train", "-m", "+experiment=table_a",
+                     *[o for o in SMALL if not o.startswith("data")], "data=local",
+                     f"data.root={root}", "data.src=de", "data.tgt=en", "data.vocab_size=60",
+                     "model.heads=1,4", "seed=1", f"hydra.sweep.dir={local}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    out = tmp_path / "report"
+    proc = heads_lab("report", str(sweep), str(local), "--samples", "50", "--out", str(out),
+                     cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert "Warning" not in proc.stderr and "tight_layout" not in proc.stderr
+    md = (out / "report.md").read_text()
+    assert md.index("## data=synthetic") < md.index("## data=local")
+    with open(out / "report.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["setting"] for r in rows] == ["data=synthetic,h=1 (base)", "data=synthetic,h=4",
+                                            "data=local,h=1 (base)", "data=local,h=4"]
+    assert "other test set" not in md  # each data set's rows are paired with its own base
+    assert rows[3]["p vs base"] not in ("", "-")
