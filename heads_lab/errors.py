@@ -1,6 +1,7 @@
 """The few errors a user can cause. The CLI prints them as one line and exits with code 2;
 every other exception is a bug and keeps its traceback."""
 
+import difflib
 import re
 
 
@@ -37,17 +38,32 @@ def one_line(err: BaseException) -> str:
     unknown = re.match(r"Could not override '([^']+)'", first)
     if unknown:
         key = unknown.group(1)
-        return (f"unknown config key '{key}' ({cause}); check the spelling against "
+        schema = re.search(r"not in '(\w+)'", cause)
+        hint = ""
+        if schema:  # the closest field of the very schema Hydra names
+            from heads_lab.config.compose import field_names  # lazy: only on this error
+
+            head, _, leaf = key.rpartition(".")
+            hint = _did_you_mean(leaf, field_names(schema.group(1)), head + "." if head else "")
+        return (f"unknown config key '{key}' ({cause}){hint}; check the spelling against "
                 "`heads-lab train --cfg job`")
     if "Ambiguous value for argument" in first:
         return f"{first} (to sweep over the values, add -m, e.g. heads-lab train -m ...)"
     options = re.search(r"Could not find '([^']+)'.*?Available options in '([^']+)':\s*(.*?)"
                         r"(?:Config search path|$)", text, re.S)
     if options:
-        choices = ", ".join(o.strip() for o in options.group(3).split() if o.strip())
-        return (f"unknown config option '{options.group(1)}'; choose {options.group(2)}= one of: "
-                f"{choices}")
+        choices = [o.strip() for o in options.group(3).split() if o.strip()]
+        wrong = options.group(1).rsplit("/", 1)[-1]
+        return (f"unknown config option '{options.group(1)}'"
+                f"{_did_you_mean(wrong, choices, options.group(2) + '=')}; choose "
+                f"{options.group(2)}= one of: {', '.join(choices)}")
     merge = re.match(r"Error merging override (\S+)", first)
     if merge:
         return f"bad value in override {merge.group(1)}: {cause}; fix the value's type or spelling"
     return f"{first}{': ' + cause if cause else ''}"
+
+
+def _did_you_mean(wrong: str, candidates: list[str], prefix: str = "") -> str:
+    """' (did you mean model.heads?)' for the closest candidate, or '' when none is close."""
+    close = difflib.get_close_matches(wrong, candidates, n=1, cutoff=0.6)
+    return f" (did you mean {prefix}{close[0]}?)" if close else ""

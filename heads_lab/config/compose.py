@@ -171,6 +171,17 @@ def describe_keys(obj: Any, prefix: str = "") -> list[str]:
     return lines
 
 
+def field_names(schema: str) -> list[str]:
+    """The field names of the schema class named `schema` (as Hydra names it in an unknown-key
+    error: 'ModelConfig', 'TatoebaDataConfig'), for "did you mean" suggestions; [] if unknown."""
+    from heads_lab.config import schemas  # lazy: only on that error
+
+    classes = [c for c in vars(schemas).values() if dataclasses.is_dataclass(c)]
+    classes += _subclasses(DataConfig) + _subclasses(LoggerConfig)
+    found = next((c for c in classes if c.__name__ == schema), None)
+    return [f.name for f in dataclasses.fields(found)] if found else []
+
+
 # Settings that change neither a run's trajectory nor its results: where things go, what
 # watches them, how often it is checked and saved, what runs it. Checkpoints resume across them
 # (with RESUMABLE_CHANGES), and `heads-lab report` never groups runs by them (with the seed,

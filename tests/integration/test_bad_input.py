@@ -102,6 +102,11 @@ CASES = [
      ["eval.checkpoint=best", "trainer.save_checkpoint=true"]),
     ("time-budget-zero", None, ["train", "trainer.max_time=0"],
      ["trainer.max_time=0", "> 0 seconds", "null"]),
+    ("typo-key", None, ["train", "model.head=8"], ["model.head", "did you mean model.heads?"]),
+    ("typo-nested-key", None, ["train", "data.cleaning.max_ration=2"],
+     ["did you mean data.cleaning.max_ratio?"]),
+    ("typo-preset", None, ["train", "+experiment=tabel_a"],
+     ["experiment/tabel_a", "did you mean experiment=table_a?"]),
     ("mixes-on-mha", None, ["train", "model.mixes=weights"],
      ["model.mixes=weights needs model.attention=talking_heads", "model.mixes=null"]),
 ]
