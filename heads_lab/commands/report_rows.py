@@ -90,6 +90,12 @@ def collect(dirs: list[Path]) -> tuple[list[Run], list[tuple[str, str]]]:
             config["trainer.precision"] = results.get("precision", "auto")
         runs.append(Run(run_dir, config, results["metrics"], results))
     if not runs:
+        curves = sorted(p.parent for d in dirs for p in d.rglob("prune.json"))
+        if curves:  # `prune method=importance` writes its own report, no run to tabulate
+            raise DataError(f"no finished runs (results.json) under {', '.join(map(str, dirs))}: "
+                            f"it holds {len(curves)} importance-pruning curve(s) ({curves[0]}), "
+                            "whose table and plot are their own prune.md, prune.csv and PNG; "
+                            "`report` reads runs: `heads-lab prune method=gates` runs, or train runs")
         raise DataError(f"no finished runs (results.json) under {', '.join(map(str, dirs))}; "
                         "point heads-lab report at the dirs `heads-lab train` wrote")
     return runs, problems

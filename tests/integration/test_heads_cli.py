@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import TINY
-from tests.integration.test_cli import _results, heads_lab
+from tests.integration.test_cli import _assert_one_line_error, _results, heads_lab
 
 # 2+2 layers so the dec-self / dec-enc sites have more than one layer
 SMALL = [a for a in TINY if not a.startswith("trainer.max_steps")] + [
@@ -225,6 +225,9 @@ def test_prune_by_importance_removes_heads_for_real_step_by_step(trained):
     assert all(r["forward_tok_s"] > 0 for r in rows)  # speed of the same reference tokens
     header = (out / "prune.csv").read_text().splitlines()[0]
     assert "fwd tok/s" in header and "decode s" in header
+    # `report <run>/prune` (the README's next step) says what it reads and where the curve is
+    proc = heads_lab("report", str(trained / "prune"), cwd=trained)
+    _assert_one_line_error(proc, "importance-pruning curve", str(out), "prune.md", "method=gates")
 
 
 def test_prune_with_gates_and_eval_with_a_head_mask(trained):
