@@ -78,12 +78,14 @@ def summarise(label: str, text: str) -> Summary:
     s.lrp = max(lrp) if lrp else float("nan")
     for row in _section(found, "enc-self positions"):
         for head, cell in enumerate(row[1:]):
-            match = re.match(r"([+-]?\d+) ([0-9.]+)P? · self ([0-9.]+)", cell)  # P: above the bar
+            # '-1 0.91P · self 0.00' (P: above the bar); '– · self 1.00': no offset ≠ 0 at all
+            match = re.match(r"(?:([+-]?\d+) ([0-9.]+)P?|–) · self ([0-9.]+)", cell)
             if not match:
                 raise SystemExit(f"error: {label}: cannot read the positions cell {cell!r}")
             where = f"L{row[0]} H{head}"
-            if match.group(1).lstrip("+-") != "0" and float(match.group(2)) > s.positional[0]:
-                s.positional = (float(match.group(2)), match.group(1), where)
+            offset = match.group(1)
+            if offset and offset.lstrip("+-") != "0" and float(match.group(2)) > s.positional[0]:
+                s.positional = (float(match.group(2)), offset, where)
             if float(match.group(3)) > s.self_share[0]:
                 s.self_share = (float(match.group(3)), where)
     for relation, _, _, head, _, gain, _ in _section(found, "syntactic heads", optional=True):

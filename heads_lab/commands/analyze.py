@@ -261,8 +261,10 @@ def position_tables(result: dict) -> list[tuple[str, Table]]:
         p = h.get("positional")
         if p:
             mark = "P" if p["is_positional"] else ""
+            # a head whose maximum is always its own token has no offset ≠ 0 at all: "–"
+            where = f"{p['offset']:+d} {p['share']:.2f}{mark}" if p["offset"] else "–"
             cells.setdefault(h["site"], {}).setdefault(h["layer"], {})[h["head"]] = (
-                f"{p['offset']:+d} {p['share']:.2f}{mark} · self {p['self_share']:.2f}")
+                f"{where} · self {p['self_share']:.2f}")
     for site, layers in cells.items():
         n = max(len(row) for row in layers.values())
         out.append((f"{site} positions: most common offset ≠ 0 and its share (P ≥ "

@@ -290,10 +290,12 @@ def plot_curves(curves: dict[str, list[dict]], path: Path, split: str) -> Path:
     axes[0].set_ylabel(f"{split} BLEU")
     axes[1].set_ylabel(f"{split} PPL")
     axes[1].set_yscale("log")
-    plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")  # 7.2, not 7.2×10⁰
-    axes[1].yaxis.set_major_formatter(plain)  # minor ticks labelled only within one decade
-    axes[1].yaxis.set_minor_formatter(plain if max(ppls) < 10 * min(ppls)
-                                      else matplotlib.ticker.NullFormatter())
+    # labelled ticks at 1, 2, 5 × 10^k (5, 10, 20, 50, ...), as plain numbers (7, not 7×10⁰);
+    # within one decade every integer step: a log axis never shows a single label
+    subs = (1.0, 2.0, 5.0) if max(ppls) >= 4 * min(ppls) else tuple(range(1, 10))
+    axes[1].yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=subs))
+    axes[1].yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    axes[1].yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     for ax in axes:
         ax.set_xlabel("% of the heads (in that attention type) pruned")
         ax.grid(alpha=0.3)

@@ -286,35 +286,53 @@ SITE_MARKERS = {"enc-self": "o", "dec-self": "s", "dec-enc": "^"}
 def head_map(coords: Mapping[str, Sequence[Sequence[float]]], layers: Mapping[str, int],
              out_dir: Path, titles: Mapping[str, str] | None = None) -> Path:
     """head_map.png: Clark et al. 2019's map, every head a point placed by MDS of the distances
-    between heads (analysis.head_map), coloured by layer, one marker per site; a panel per site,
-    since heads of different sites attend from or to different tokens and have no distance."""
+    between heads (analysis.head_map), labelled L{layer}H{head} and coloured by layer, one marker
+    per site; a panel per site, since heads of different sites attend from or to different tokens
+    and have no distance, all panels on one scale (a distance reads the same in each), and the
+    layers' legend below the panels, where it hides no head."""
     plt = _pyplot()
     sites = present(coords)
     if not sites:
         raise ValueError("head_map: no site has coordinates")
     from matplotlib import colormaps  # lazy: start-up time (matplotlib)
+    from matplotlib.lines import Line2D  # lazy: as above
 
-    most = max(layers[site] for site in sites)
-    cmap = colormaps["viridis"]
-    fig, axes = plt.subplots(1, len(sites), squeeze=False, layout="constrained",
-                             figsize=(len(sites) * 3.6 + 0.6, 3.8))
-    for ax, site in zip(axes[0], sites):
+    points = {}
+    for site in sites:
         xy = np.asarray(coords[site], dtype=float)
         if xy.ndim != 2 or xy.shape[1] != 2 or xy.shape[0] % layers[site]:
             raise ValueError(f"head_map: site {site} has coordinates of shape {xy.shape}; "
                              f"expected [{layers[site]} layers · heads, 2]")
+        points[site] = xy
+    every = np.concatenate(list(points.values()))
+    centre = (every.min(0) + every.max(0)) / 2
+    half = (every.max(0) - every.min(0)).max() / 2 * 1.12 + 1e-9  # one scale for every panel
+    most = max(layers[site] for site in sites)
+    cmap = colormaps["viridis"]
+    colours = [cmap(layer / max(most - 1, 1)) for layer in range(most)]
+    fig, axes = plt.subplots(1, len(sites), squeeze=False, layout="constrained",
+                             figsize=(len(sites) * 3.8 + 0.4, 4.4))
+    for ax, site in zip(axes[0], sites):
+        xy = points[site]
         heads = xy.shape[0] // layers[site]
         for layer in range(layers[site]):
             part = xy[layer * heads:(layer + 1) * heads]
-            colour = cmap(layer / max(most - 1, 1))
-            ax.scatter(part[:, 0], part[:, 1], color=colour, marker=SITE_MARKERS[site], s=36,
-                       edgecolors="#333333", linewidths=0.4, label=f"layer {layer}")
+            ax.scatter(part[:, 0], part[:, 1], color=colours[layer], marker=SITE_MARKERS[site],
+                       s=36, edgecolors="#333333", linewidths=0.4)
+            for head, (x, y) in enumerate(part):
+                ax.annotate(f"L{layer}H{head}", (x, y), fontsize=5.5, xytext=(3, 2),
+                            textcoords="offset points", color="#333333")
         ax.set_title(_text((titles or {}).get(site, site)), fontsize=9)
+        ax.set_xlim(centre[0] - half, centre[0] + half)
+        ax.set_ylim(centre[1] - half, centre[1] + half)
+        ax.set_aspect("equal")
         ax.set_xticks([])
         ax.set_yticks([])
-        ax.set_aspect("equal", adjustable="datalim")
-        ax.legend(fontsize=7, loc="best")
-    fig.suptitle("head map: MDS of the Jensen–Shannon distances between heads (Clark et al. 2019)")
+    handles = [Line2D([], [], marker="o", linestyle="", color=colours[layer],
+                      markeredgecolor="#333333", label=f"layer {layer}") for layer in range(most)]
+    fig.legend(handles=handles, loc="outside lower center", ncol=most, fontsize=8)
+    fig.suptitle("head map: MDS of the Jensen–Shannon distances between heads (Clark et al. "
+                 "2019), one scale")
     return _save(fig, Path(out_dir) / "head_map.png")
 
 
