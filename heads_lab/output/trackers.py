@@ -95,17 +95,26 @@ class WandbTracker:
 
 
 class TensorBoardTracker:
-    """TensorBoard event files in <run dir>/tensorboard, one dir per job, so `tensorboard
-    --logdir <sweep dir>` lists a sweep's runs by their job dirs; the run's name and config are
-    its text, its final metrics scalars at its last step."""
+    """TensorBoard event files in <run dir>/tensorboard. A sweep's job is also linked as
+    <sweep dir>/tensorboard/<its swept settings> (h=8,seed=2), so `tensorboard --logdir <sweep
+    dir>/tensorboard` lists the runs by short names. At the end the run's head shape, data,
+    seed and costs go to the HParams tab as hyperparameters (h, h_K, h_V, kv_heads, attention,
+    d_k, params, FLOPs per token) against its final numbers as metrics (`final/valid_ppl`,
+    `final/test_bleu`, ...: the values results.json holds), so a sweep's runs can be tabulated
+    and compared there; the costs are no single-point charts. The run's name and config are its
+    text."""
 
     name = "tensorboard"
     run_files = ("tensorboard",)
     package = "tensorboard"
     install = "pip install 'tensorboard>=2.14' (a heads-lab dependency: `make install`)"
+    # results.json metrics shown as the HParams tab's metrics, under final/
+    FINAL = ("valid/ppl", "test/bleu", "test/chrf", "test/ppl", "valid/bleu", "valid/chrf",
+             "train/tokens_per_s", "cost/peak_mem_mb")
 
-    def __init__(self, writer) -> None:
+    def __init__(self, writer, config: dict[str, Any] | None = None) -> None:
         self.writer = writer
+        self.config = config or {}
         self.logged: set[str] = set()
         self.last_step = 0
 
@@ -123,7 +132,8 @@ class TensorBoardTracker:
             writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
             writer.add_text("run", f"{name}\n\n" + "\n".join(
                 f"    {k}: {v}" for k, v in sorted(config.items())), 0)
-            return cls(writer)
+            _link_in_sweep(run_dir, name)
+            return cls(writer, config)
         except Exception as err:  # never fail a run for the tracker's sake
             log.warning("tensorboard could not start (%s); continuing without it",
                         str(err).splitlines()[0])
@@ -136,15 +146,62 @@ class TensorBoardTracker:
         self.last_step = max(self.last_step, step)
 
     def summary(self, metrics: dict[str, Any]) -> None:
-        for key, value in metrics.items():  # the final metrics at the last step, once
-            if isinstance(value, int | float) and key not in self.logged:
+        from torch.utils.tensorboard.summary import hparams  # lazy: torch, as in start()
+
+        final = {f"final/{k.replace('/', '_')}": float(metrics[k]) for k in self.FINAL
+                 if isinstance(metrics.get(k), int | float)}
+        for key, value in metrics.items():  # the other final numbers once, at the last step
+            if (isinstance(value, int | float) and key not in self.logged
+                    and not key.startswith("cost/")):  # costs: hyperparameters below
                 self.writer.add_scalar(key, value, self.last_step)
+        for key, value in final.items():
+            self.writer.add_scalar(key, value, self.last_step)
+        for summary in hparams(hparameters(self.config, metrics), final):
+            self.writer.file_writer.add_summary(summary)
 
     def finish(self, failed: bool) -> None:
         self.writer.close()
 
     def where(self) -> dict[str, Any]:
         return {"dir": self.writer.log_dir}
+
+
+def hparameters(config: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any]:
+    """The HParams tab's columns for a run (TensorBoard sorts them by name and shows the first
+    few: attention, d_k, data, h, h_K): its head shape with unset counts resolved (h_K, h_V and
+    kv_heads = h, d_k = d_model / h), layers, data set and share, seed, and its costs."""
+    h = config.get("model.heads")
+    d_model = config.get("model.d_model")
+    values = {"attention": config.get("model.attention"), "h": h,
+              "h_K": config.get("model.heads_k") or h, "h_V": config.get("model.heads_v") or h,
+              "kv_heads": config.get("model.kv_heads") or h,
+              "d_k": config.get("model.head_dim") or (d_model // h if d_model and h else None),
+              "layers": f"{config.get('model.encoder_layers')}+"
+                        f"{config.get('model.decoder_layers')}",
+              "data": config.get("data.name"), "train_fraction": config.get("data.train_fraction"),
+              "seed": config.get("seed"), "params": metrics.get("cost/params"),
+              "mflop_per_token": (metrics["cost/flops_per_token"] / 1e6
+                                  if metrics.get("cost/flops_per_token") else None)}
+    return {k: (v.value if hasattr(v, "value") else v) for k, v in values.items() if v is not None}
+
+
+def _link_in_sweep(run_dir: Path, name: str) -> None:
+    """A sweep job's events under a short name: <sweep dir>/tensorboard/<name> → its own dir
+    (Hydra writes multirun.yaml into a sweep's dir). A name taken by another job gets the job
+    dir's number."""
+    sweep = run_dir.parent
+    if not (sweep / "multirun.yaml").is_file():
+        return
+    index = sweep / "tensorboard"
+    index.mkdir(exist_ok=True)
+    target = run_dir / "tensorboard"
+    for label in (name, f"{name} ({run_dir.name.split('_', 1)[0]})"):
+        link = index / label.replace("/", "-")
+        if link.is_symlink() and link.resolve() == target.resolve():
+            return
+        if not link.exists() and not link.is_symlink():
+            link.symlink_to(os.path.relpath(target, index), target_is_directory=True)
+            return
 
 
 TRACKERS: tuple[type[ExperimentTracker], ...] = (WandbTracker, TensorBoardTracker)

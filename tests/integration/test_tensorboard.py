@@ -34,9 +34,43 @@ def test_a_sweeps_runs_write_event_files_with_results_json_values(tmp_path):
         for step, value in scalars["valid/loss"]:
             assert value == pytest.approx(valid[step], rel=1e-6)  # stored as float32
         last = results["train"]["steps"]
-        for key in ("test/bleu", "test/ppl", "cost/params"):
+        for key in ("test/bleu", "test/ppl"):
             assert scalars[key] == [(last, pytest.approx(results["metrics"][key], rel=1e-6))]
+            final = scalars["final/" + key.replace("/", "_")]
+            assert final == [(last, pytest.approx(results["metrics"][key], rel=1e-6))]
+        assert not [k for k in scalars if k.startswith("cost/")]  # costs: HParams columns
         assert [s for s, _ in scalars["train/loss"]] == [10, 20, 30]  # every trainer.log_every
+        # the HParams tab: the head shape, seed and costs against the final numbers
+        hparams, metrics = _hparams(job / "tensorboard")
+        heads = results["config"]["model"]["heads"]
+        assert {k: hparams[k] for k in ("h", "h_K", "h_V", "kv_heads", "attention", "seed")} == {
+            "h": heads, "h_K": heads, "h_V": heads, "kv_heads": heads, "attention": "mha",
+            "seed": 1}
+        assert hparams["d_k"] == 64 // heads and hparams["params"] == results["metrics"]["cost/params"]
+        assert {"final/valid_ppl", "final/test_bleu", "final/test_chrf"} <= set(metrics)
+    # short run names: tensorboard --logdir <sweep>/tensorboard lists h=2 and h=4
+    index = sweep / "tensorboard"
+    assert sorted(p.name for p in index.iterdir()) == ["h=2", "h=4"]
+    assert {(index / n).resolve() for n in ("h=2", "h=4")} == {(j / "tensorboard").resolve()
+                                                                for j in jobs}
+
+
+def _hparams(path) -> tuple[dict, list[str]]:
+    """A run's HParams: its hyperparameter values and the metric tags the experiment names."""
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    acc = EventAccumulator(str(path), size_guidance={"tensors": 0})
+    acc.Reload()
+    content = acc.PluginTagToContent("hparams")
+    data = {tag: plugin_data_pb2.HParamsPluginData.FromString(raw) for tag, raw in content.items()}
+    start = next(d.session_start_info for d in data.values() if d.HasField("session_start_info"))
+    experiment = next(d.experiment for d in data.values() if d.HasField("experiment"))
+    values = {}
+    for key, value in start.hparams.items():
+        kind = value.WhichOneof("kind")
+        values[key] = int(value.number_value) if kind == "number_value" and \
+            value.number_value.is_integer() else getattr(value, kind)
+    return values, [m.name.tag for m in experiment.metric_infos]
 
 
 def test_wandb_and_tensorboard_together(tmp_path):

@@ -1,6 +1,7 @@
 """A sweep's TensorBoard in a real browser: `tensorboard --logdir <sweep>` on 127.0.0.1, opened
 in headless Chromium (selenium + Debian's chromium-driver): both runs of the sweep are listed and
-the valid/loss scalar is drawn."""
+the valid/loss scalar is drawn; `--logdir <sweep>/tensorboard` names the runs by their swept
+settings, and its HParams table lists every run with its h and final BLEU."""
 
 from __future__ import annotations
 
@@ -42,8 +43,12 @@ def sweep(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(sweep):
+    yield from _serve(sweep)
+
+
+def _serve(logdir: Path):
     port = _free_port()
-    proc = subprocess.Popen([TENSORBOARD, "--logdir", str(sweep), "--host", "127.0.0.1",
+    proc = subprocess.Popen([TENSORBOARD, "--logdir", str(logdir), "--host", "127.0.0.1",
                              "--port", str(port), "--load_fast=false", "--reload_interval=1"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
@@ -100,3 +105,45 @@ def _number(text: str) -> bool:
         return True
     except ValueError:
         return False
+
+
+TEXT = """function walk(n, out) {  // visible text, shadow roots included (the hparams dashboard)
+    if (!n || n.nodeName == 'STYLE' || n.nodeName == 'SCRIPT') return;
+    if (n.shadowRoot) walk(n.shadowRoot, out);
+    if (n.nodeType == 3 && n.textContent.trim()) out.push(n.textContent.trim());
+    for (const c of n.childNodes) walk(c, out);
+  }
+  const out = []; walk(document.body, out); return out;"""
+
+
+@pytest.fixture(scope="module")
+def index_server(sweep):
+    yield from _serve(sweep / "tensorboard")
+
+
+def test_the_hparams_table_lists_every_run_by_its_swept_settings(browser, index_server,  # noqa: F811
+                                                                 sweep):
+    import json
+
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    jobs = sorted(p.parent for p in sweep.glob("*/results.json"))
+    bleus = {json.loads((j / "results.json").read_text())["config"]["model"]["heads"]:
+             json.loads((j / "results.json").read_text())["metrics"]["test/bleu"] for j in jobs}
+    with urllib.request.urlopen(f"{index_server}/data/runs", timeout=5) as r:
+        assert sorted(json.loads(r.read())) == ["h=2", "h=4"]  # short names, one per job
+    browser.set_window_size(1600, 1000)
+    browser.get(f"{index_server}/#hparams")
+
+    def table(d):
+        words = d.execute_script(TEXT)
+        return words[words.index("TABLE VIEW"):] if "TABLE VIEW" in words else []
+
+    WebDriverWait(browser, 60).until(lambda d: {"h=2", "h=4"} <= set(table(d)))
+    words = table(browser)
+    header = words[words.index("Trial ID"):words.index("h=2")]
+    assert {"h", "final/test_bleu", "final/valid_ppl"} <= set(header), header
+    for heads in (2, 4):  # each run's row holds its h and its BLEU
+        row = words[words.index(f"h={heads}"):][:len(header)]
+        assert str(heads) in row or f"{heads}.0000" in row, row
+        assert any(abs(float(x) - bleus[heads]) < 1e-3 for x in row if _number(x)), (row, bleus)
