@@ -5,14 +5,25 @@ Voita et al.: relevance is seeded with the top-1 logit at each target position a
 back through the decoder and the encoder; "the relevance of a head is the relevance of its
 output" — here what reaches the input of the layer's output projection, summed over positions
 and dimensions — normalised over the heads of its layer and averaged over target tokens.
+Seeding: the decoder is teacher-forced on the *reference* translation, and at each position the
+seed is the model's top-1 logit given that reference prefix (not a decoded hypothesis), one
+relevance pass per target token. Normalisation: per target token, a head's share is its |R|
+over Σ |R| of its layer's heads (|·| because LRP relevance can be negative), then averaged.
 
-The rules (Voita's code, the-story-of-heads lib/layers/lrp.py, and where heads-lab differs):
+What heads-lab follows: the rule of the paper's Appendix A (the LRP of Ding et al. 2017, a z
+rule on the forward values), with the attention weights held constant (CP-LRP) and LayerNorm's
+σ held constant (AttnLRP's treatment). It does not follow Voita et al.'s 2019 code
+(the-story-of-heads lib/layers/lrp.py), whose default is an α = β = 0.5 (z⁺) rule with |·|
+cropping and a rescaling of the relevance per layer. In detail:
 - Every linear map y = W·x + b (the attention projections, the feed-forward layers, the tied
-  output layer): the z rule of Voita's `LRP.relprop` with use_alpha_beta=False, its "simplified
-  LRP rule", z_{j←i} = W_ji·x_i + b_j / d_in: the bias's share spread evenly over the inputs (the
-  code's zero reference input), so R_i = Σ_j R_j·z_{j←i} / (y_j + ε·sign(y_j)) and nothing is
-  absorbed by biases: relevance is conserved (up to ε). Voita's code defaults to its α = β = 0.5
-  rule, which needs every layer's full Jacobian; the z rule needs one product with Wᵀ.
+  output layer): the z rule, z_{j←i} = W_ji·x_i + b_j / d_in: the bias's share spread evenly
+  over the inputs (a zero reference input), so R_i = Σ_j R_j·z_{j←i} / (y_j + ε·sign(y_j)) and
+  nothing is absorbed by biases: relevance is conserved (up to ε). The α-β rule would need every
+  layer's full Jacobian; the z rule needs one product with Wᵀ. One exception, the attention's
+  output projection, where the heads' relevance is read: its bias's share is split over its
+  inputs in proportion to their contributions W_ji·x_i (still conserved), so a masked head (an
+  input of 0) gets exactly 0 and a head the output depends on alone gets all of it; spread
+  evenly, the bias gave a masked head 0.1–0.5 % of its layer.
 - LayerNorm: its statistic σ is held constant (as a number, not a function of the input), so
   y = γ·(x − mean x)/σ + β is linear and takes the z rule (β spread like a bias). Elementwise
   activations (ReLU, GELU) and Admin's skip scale pass relevance through unchanged (any
@@ -28,8 +39,7 @@ The rules (Voita's code, the-story-of-heads lib/layers/lrp.py, and where heads-l
   negative (a head working against the prediction); a head's share of its layer is its
   |relevance| over the sum of |relevance| over the layer's heads, per target token, then
   averaged over the target tokens of every sentence (so a layer's shares sum to 1: how much of
-  the layer's relevance passes through each head, whatever its sign). The output projection's
-  bias, like any bias, has its share spread evenly over its inputs, every head's among them.
+  the layer's relevance passes through each head, whatever its sign).
 
 With ε = 0, zero biases, ReLU, and the softmax and LayerNorm statistics held constant, the whole
 network is linear and homogeneous in its inputs, so this LRP-0 equals gradient × input (a test
@@ -70,9 +80,15 @@ def _stab(y: Tensor, eps: float) -> Tensor:
     return y + eps * torch.where(y >= 0, 1.0, -1.0).to(y.dtype) if eps else y
 
 
-def linear_rel(x: Tensor, weight: Tensor, bias: Tensor | None, R: Tensor, eps: float) -> Tensor:
+def linear_rel(x: Tensor, weight: Tensor, bias: Tensor | None, R: Tensor, eps: float,
+               proportional: bool = False) -> Tensor:
     """Relevance of x [..., d_in] from R [seeds, ..., d_out] through y = x·Wᵀ + b (z rule, the
-    bias's share spread evenly over the d_in inputs)."""
+    bias's share spread evenly over the d_in inputs). `proportional`: the bias's share split
+    over the inputs in proportion to their contributions W_ji·x_i instead (R_i = Σ_j R_j ·
+    W_ji·x_i / Σ_k W_jk·x_k: still conserved, and an input that is 0 — a masked head — gets 0)."""
+    if proportional:
+        s = R / _stab(F.linear(x, weight), eps)
+        return x * (s @ weight.to(s.dtype))
     s = R / _stab(F.linear(x, weight, bias), eps)
     out = x * (s @ weight.to(s.dtype))
     if bias is not None:
@@ -135,7 +151,10 @@ def _attention_rel(a: _Attn, R: Tensor, eps: float, heads: list[Tensor]) -> tupl
     """(relevance of the queries' input, of the keys' and values' input) from R at the output;
     appends the heads' relevance [seeds, heads] to `heads`."""
     m = a.module
-    R_merged = linear_rel(a.merged, m.out_proj.weight, m.out_proj.bias, R, eps)
+    # the output projection's bias is split over the heads by their contributions, not evenly:
+    # a masked head (its input 0) gets none, a head the logit depends on alone gets all of it
+    R_merged = linear_rel(a.merged, m.out_proj.weight, m.out_proj.bias, R, eps,
+                          proportional=True)
     seeds, _, n, _ = R_merged.shape
     heads.append(R_merged.view(seeds, n, m.out_heads, m.head_dim).sum(dim=(1, 3)))
     R_o = R_merged.view(seeds, n, m.out_heads, m.head_dim).transpose(1, 2)  # [seeds, H, n, d]

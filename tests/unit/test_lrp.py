@@ -100,10 +100,7 @@ def test_a_logit_that_depends_on_one_head_gives_that_head_relevance_one(extra):
             m = modules[key]
             keep = torch.zeros(m.out_heads * m.head_dim, dtype=torch.bool)
             keep[head * m.head_dim:(head + 1) * m.head_dim] = True
-            m.out_proj.weight[:, ~keep] = 0.0
-            # (the output projection's bias would have its share spread over every head's
-            # inputs, as the z rule spreads any bias: without it, only the head counts)
-            m.out_proj.bias.zero_()
+            m.out_proj.weight[:, ~keep] = 0.0  # its bias left in: its share goes to that head
     rel = lrp.relevance(model, SRC, TGT, eps=0.0)
     for key, head in chosen.items():  # per target token, all of the layer's |relevance|
         r = rel.heads[key]
@@ -127,9 +124,7 @@ def test_masked_heads_get_no_relevance_and_relevance_is_still_conserved():
     model = _model([])
     modules = attention_modules(model)
     chosen = {("enc-self", 0): [1, 3], ("dec-enc", 1): [0]}
-    with torch.no_grad():  # (a bias's share is spread over every input, masked heads' too)
-        for key in chosen:
-            modules[key].out_proj.bias.zero_()
+    assert all(modules[key].out_proj.bias.abs().min() > 0 for key in chosen)  # biases left in
     with masked(model, chosen):  # the heads' outputs scaled by 0 in out_proj's pre-hook
         logits, _ = lrp.forward(model, SRC, TGT)
         reference = model.logits(model.decode(TGT, model.encode(SRC)))
