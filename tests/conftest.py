@@ -7,6 +7,11 @@ from pathlib import Path
 
 import pytest
 
+# `make test` runs the tests in parallel processes (pytest-xdist): one thread each, and for the
+# heads-lab processes they start (two processes of two threads on two cores are slower than one)
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # Tests never touch the user's cache or a wandb server.
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")

@@ -159,6 +159,7 @@ def test_a_bad_value_in_a_sweep_fails_before_any_job_runs(tmp_path):
     _assert_one_line_error(proc, "sweep job model.heads=abc", "no job was run")
 
 
+@pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)
 @pytest.mark.parametrize("launcher", ["basic", "joblib", "submitit_local", "ray"])
 def test_a_job_failing_at_run_time_does_not_stop_the_sweep(launcher, tmp_path):
     """Whichever launcher ran the failed job (in this process, joblib's workers, submitit's
@@ -209,6 +210,7 @@ def test_a_sweep_dir_holding_finished_runs_is_refused(tiny_run_dir, tmp_path):
     assert {p: p.read_bytes() for p in tiny_run_dir.rglob("*") if p.is_file()} == before
 
 
+@pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)
 def test_a_finished_sweep_job_is_skipped_or_rerun_with_its_results_kept(tmp_path):
     args = ["train", "-m", *TINY, "trainer.max_steps=4", "model.heads=2", "logger=tensorboard",
             f"hydra.sweep.dir={tmp_path / 's'}"]
@@ -239,6 +241,7 @@ def _wandb_read(path: Path, *flags: str):
     return [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
 
 
+@pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)
 def test_wandb_one_offline_run_per_job_when_the_server_is_unreachable(tmp_path):
     """logger.mode=online without a network: a warning, then offline logging; one wandb run
     per sweep job, each finished, named by what the sweep varies and grouped by the sweep; read
@@ -312,6 +315,7 @@ def test_a_time_budget_ends_the_run_with_a_checkpoint_and_results_that_say_so(tm
     assert (found.parent / "checkpoints" / "step_0000001.pt").is_file()
 
 
+@pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)
 def test_a_training_subset_is_fixed_nested_and_recorded(tmp_path):
     import numpy as np
 
@@ -339,6 +343,7 @@ def test_a_training_subset_is_fixed_nested_and_recorded(tmp_path):
     assert not list((tmp_path / "small").rglob("results.json"))
 
 
+@pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)
 def test_the_best_validation_weights_are_evaluated_when_asked(tmp_path):
     import torch
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # the dry runs take a minute: `make test-slow` (CI runs it)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -27,6 +27,7 @@ def trained(tmp_path_factory) -> Path:
     return results.parent
 
 
+@pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)
 def test_analyze_writes_every_head_figures_and_head_view(trained):
     proc = heads_lab("analyze", str(trained), "analysis.max_sentences=40",
                      "analysis.heatmaps=[enc:1:0,dec-enc:0:*]", "analysis.sentences=[0,3]",
@@ -75,6 +76,7 @@ def test_analyze_writes_every_head_figures_and_head_view(trained):
     assert f"| amod dep→head | {amod['arcs']:,} | {amod['baseline']:.2f} |" in md
 
 
+@pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)
 def test_analyze_a_treebank_with_and_without_its_translations(trained, tmp_path):
     from tests.unit.test_treebank import CONLLU
 
@@ -131,6 +133,7 @@ def talking(request, tmp_path_factory) -> tuple[Path, tuple[int, int, int]]:
     return results.parent, request.param
 
 
+@pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)
 def test_analyze_talking_heads_says_which_heads_every_number_is_about(talking):
     run, (hk, h, hv) = talking
     proc = heads_lab("analyze", str(run), "analysis.max_sentences=20",
@@ -230,6 +233,7 @@ def test_prune_by_importance_removes_heads_for_real_step_by_step(trained):
     _assert_one_line_error(proc, "importance-pruning curve", str(out), "prune.md", "method=gates")
 
 
+@pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)
 def test_prune_with_gates_and_eval_with_a_head_mask(trained):
     proc = heads_lab("prune", str(trained), "-m", "method=gates", "prune.l0_lambda=0,5",
                      "prune.steps=8", "prune.gate_lr=3.0", "prune.eval_sentences=20",
@@ -262,6 +266,7 @@ def test_prune_with_gates_and_eval_with_a_head_mask(trained):
     assert bad.returncode == 2 and "no enc-self layer 0 head '9'" in bad.stderr
 
 
+@pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)
 def test_gates_from_scratch_report_heads_kept_and_evaluate_again(tmp_path):
     proc = heads_lab("train", *SMALL, "prune.l0_lambda=1.0", "prune.gate_lr=0.3", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr + proc.stdout

@@ -22,6 +22,7 @@ RUN = [*TINY, "trainer.max_steps=12", "trainer.valid_every=6", "trainer.save_eve
        "trainer.threads=1", "model.dropout=0.0"]
 
 
+@pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)
 def test_two_cpu_processes_match_one_process_with_the_same_global_batch(tmp_path):
     single = heads_lab("train", *RUN, "trainer.update_freq=2", f"hydra.run.dir={tmp_path / 'one'}",
                        cwd=tmp_path)

@@ -69,6 +69,7 @@ def test_bad_data_input_is_one_line(tmp_path, setup, args, fragments):
 TATOEBA = Path(os.environ.get("HEADS_LAB_DATA", "/nonexistent")) / "tatoeba" / "deu-eng.zip"
 
 
+@pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)
 @pytest.mark.skipif(not TATOEBA.is_file(),
                     reason="Tatoeba not found: set HEADS_LAB_DATA to the dir holding "
                            "tatoeba/deu-eng.zip (.ci/run points it at ../shared/data)")

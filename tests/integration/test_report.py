@@ -200,6 +200,7 @@ def test_running_the_same_sweep_again_skips_finished_jobs(sweep):
     assert {p: p.read_bytes() for p in sweep.rglob("results.json")} == before
 
 
+@pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)
 @pytest.mark.parametrize("launcher", ["joblib", "submitit_local", "ray"])
 def test_launcher_plugins_run_a_two_job_sweep_that_report_reads(launcher, tmp_path):
     """Hydra's own launchers (the `launchers` and `ray` extras): parallel jobs via joblib,

@@ -44,6 +44,7 @@ def test_deep_single_head_twin_has_the_same_heads_parameters_and_flops():
         pair(ModelConfig(d_model=24, heads=5, head_dim=4, d_ff=12))
 
 
+@pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)
 def test_bench_command_runs_and_writes_its_targets(tmp_path, monkeypatch):
     from heads_lab.bench import main
 
@@ -70,6 +71,7 @@ def test_bench_rejects_other_overrides():
         main(["model.heads=3"])
 
 
+@pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)
 def test_bench_in_bf16_runs_every_row_in_bf16_beside_one_fp32_row(tmp_path, monkeypatch):
     """The GPU's table (--precision bf16): torch.nn.Transformer in bf16 too, multi-head h=8 in
     fp32 for the loss-curve check, and the GPU targets' wording. Run here on CPU with bf16

@@ -97,6 +97,7 @@ def test_bf16_training_follows_the_fp32_loss_curve():
     assert all(p.dtype == torch.float32 for p in _model().parameters())  # fp32 master weights
 
 
+@pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)
 def test_compiled_training_follows_eager_training_and_keeps_the_checkpoint_keys():
     """trainer.compile=true runs the training forward through torch.compile (really: dynamo
     traces a graph) and trains the same model as eager, within float rounding; the model's own
