@@ -81,14 +81,26 @@ def analyze(model, corpus, cfg, device, max_tokens: int, form: str = "NFC"
     source = load_source(corpus, cfg, form, model.cfg.max_positions - 1)
     sentences = collect_maps(model, source.split, len(source.indices), device,
                              decoder=source.has_target)
-    matching = (attach_arcs(sentences, source.texts, source.trees, corpus.tokenizer,
-                            source.indices) if source.trees else None)
     n = len(source.indices)
     gradient = {g.name: g.compute(model, source.split, g.sentences(cfg, n), device, max_tokens)
                 for g in GRADIENT_MEASURES if g.wanted(cfg, source.has_target)}
     train = corpus.splits["train"]
     freq = Counter(int(t) for i in range(len(train)) for t in train.src[i])
-    modules = attention_modules(model)
+    return measure(sentences, source, attention_modules(model), gradient, freq,
+                   corpus.tokenizer, cfg), sentences
+
+
+def measure(sentences: list[Sentence], source: Source, modules: dict, gradient: dict[str, Scores],
+            freq: Counter, tokenizer, cfg) -> dict[str, Any]:
+    """The analysis record of sentences whose maps are made: every map measure, the gradient
+    measures already run (`gradient`: name → scores; a measure not run is NaN), roles, distances
+    and the head map. `modules` gives each (site, layer)'s kinds of heads (heads_lab.model.heads:
+    kinds(), variant, out_heads), `freq` the source-token frequencies for rare words, `tokenizer`
+    the subword spans that match trees' words (encode_spans, pieces). Any model whose heads can
+    be described so is measured alike: heads-lab's own, or a pretrained one (heads_lab.hf)."""
+    matching = (attach_arcs(sentences, source.texts, source.trees, tokenizer, source.indices)
+                if source.trees else None)
+    n = len(source.indices)
     word_offsets = matching.offsets if matching else {}
     grids: dict[str, dict[str, list]] = {m.name: {} for m in MEASURES}
     grid_kinds: dict[str, dict[str, str]] = {m.name: {} for m in MEASURES}
@@ -146,7 +158,7 @@ def analyze(model, corpus, cfg, device, max_tokens: int, form: str = "NFC"
         "distances": distances, "diversity": diversities, "head_map": coords,
         "within_layer": spread, "lrp_vs_importance": lrp_vs_importance,
         "lrp_sentences": lrp.sentences(cfg, n) if "lrp" in gradient else 0,
-    }, sentences
+    }
 
 
 def _at_kind(measure: GradientMeasure, gradient: dict[str, Scores], site: str, kind: str,

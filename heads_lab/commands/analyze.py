@@ -27,6 +27,7 @@ from heads_lab.commands import runs
 from heads_lab.commands.runs import Command
 from heads_lab.config.sites import SITE
 from heads_lab.errors import ConfigError
+from heads_lab.hf import is_hf
 from heads_lab.model.heads import KIND_NAMES, attention_modules, head_kinds, map_kind, parse_head_mask
 from heads_lab.output import figures
 from heads_lab.output.files import write_atomic, write_json
@@ -55,6 +56,10 @@ def _check_treebank_language(path: str, src: str, console) -> str | None:
 
 def main(args: list[str]) -> int:
     started = time.perf_counter()
+    if args and is_hf(args[0]):  # a pretrained Hugging Face model (heads_lab.hf)
+        from heads_lab.commands.hf import analyze_hf  # lazy: start-up time (transformers)
+
+        return analyze_hf(args[0], args[1:], started)
     opened = runs.open_run(COMMAND, args)
     if isinstance(opened, int):
         return opened
@@ -76,24 +81,33 @@ def main(args: list[str]) -> int:
     out = runs.output_dir(run_dir, "analysis", overrides)
     result.update({"run_dir": str(run_dir), "checkpoint": t.checkpoints[0],
                    "overrides": overrides})
+    publish(result, sentences, cfg, chosen, corpus.tokenizer, out, run_dir.name, started,
+            f"weights: {t.checkpoints[0]}")
+    return 0
+
+
+def publish(result: dict, sentences, cfg, chosen, tok, out: Path, what: str, started: float,
+            said: str) -> None:
+    """Everything `analyze` writes into `out` and prints: the figures, heatmaps and head view,
+    analysis.json, the tables (analysis.md and the console); `said` is printed before the paths
+    (which weights were analysed)."""
     pngs = _figures(result, out)
-    pngs += _heatmaps(result, sentences, cfg.sentences, chosen, corpus.tokenizer, out)
+    pngs += _heatmaps(result, sentences, cfg.sentences, chosen, tok, out)
     first = sentences[cfg.sentences[0]] if cfg.sentences else sentences[0]
-    html = _head_views(result, first, corpus.tokenizer, out)
+    html = _head_views(result, first, tok, out)
     result["files"] = ["analysis.md"] + [p.name for p in pngs + html]
     result["seconds"] = time.perf_counter() - started
     write_json(out / "analysis.json", result)
     parts = tables(result)
-    write_tables(out / "analysis.md", parts, f"heads-lab analyze {run_dir.name} "
+    write_tables(out / "analysis.md", parts, f"heads-lab analyze {what} "
                  f"({result['source']}, {result['sentences']:,} sentences)")
     console = wide_console(160)
     for part in parts:
         console.print(part if isinstance(part, str) else to_rich(part[1], part[0]))
-    console.print(f"weights: {t.checkpoints[0]}")
+    console.print(said)
     console.print(f"analysis: {out / 'analysis.json'}, {out / 'analysis.md'}")
     console.print(f"figures: {', '.join(p.name for p in pngs)}")
     console.print(f"head view: {', '.join(str(p) for p in html)}")
-    return 0
 
 
 def _figures(result: dict, out: Path) -> list[Path]:
@@ -229,9 +243,14 @@ def tables(result: dict) -> list[tuple[str, Table] | str]:
                                          for layer, row in enumerate(scores)]}))
     if not any(v is not None for key, by_site in grid.items() if key.startswith("lrp")
                for rows in by_site.values() for row in rows for v in row):
-        out.append("LRP: not measured (–): its seeds are the decoder's predictions, so it needs "
+        reason = (result.get("not_measured") or {}).get("lrp")  # e.g. a pretrained model's
+        out.append(f"LRP: {reason} (–)" if reason else
+                   "LRP: not measured (–): its seeds are the decoder's predictions, so it needs "
                    "target sentences (analysis.treebank_ref=... for a treebank), and "
                    "analysis.lrp=true")
+    for name, reason in (result.get("not_measured") or {}).items():
+        if name != "lrp":
+            out.append(f"{name}: not measured: {reason}")
     rho = result.get("lrp_vs_importance") or {}
     if rho:
         out.append(f"LRP (on the first {result.get('lrp_sentences', 0):,} sentences, "

@@ -34,6 +34,7 @@ from heads_lab.config.compose import (
 from heads_lab.config.cost import Lengths, account
 from heads_lab.config.validate import validate
 from heads_lab.errors import ConfigError, HeadsLabError, one_line
+from heads_lab.hf import is_hf
 
 USAGE = """usage: heads-lab <command> [overrides]
 
@@ -60,6 +61,13 @@ commands:
            e.g. heads-lab prune outputs/runs/2026-11-22/14-03-12 method=gates prune.l0_lambda=0.05
   bench    training and decoding speed side by side (MHA at h = 1..32, talking heads,
            multi-query, bf16, torch.nn.Transformer), MFU, memory; --depth: Liu et al. curves
+
+info, analyze and prune also take a pretrained Hugging Face model (Marian, BERT, DistilBERT) as
+hf:<hub name or save_pretrained dir> in place of a run (pip install 'heads-lab[hf]'):
+           e.g. heads-lab info hf:bert-base-uncased hf:distilbert-base-uncased
+                heads-lab analyze hf:Helsinki-NLP/opus-mt-de-en \\
+                    analysis.treebank=de_pud-ud-test.conllu.gz analysis.treebank_ref=text_en
+                heads-lab prune hf:bert-base-uncased data=multi30k data.src=en
 
 `heads-lab <command> --help` shows the command's config groups and keys.
 """
@@ -210,6 +218,13 @@ def info_command(args: list[str]) -> int:
         print(USAGE, end="")
         return 0
     overrides = [a for a in args if a != "--json"]
+    if any(is_hf(a) for a in overrides):  # pretrained Hugging Face models side by side
+        if not all(is_hf(a) for a in overrides):
+            raise ConfigError("info: give either hf: models (heads-lab info hf:bert-base-uncased "
+                              "hf:distilbert-base-uncased) or config overrides, not both")
+        from heads_lab.commands.hf import info_hf  # lazy: start-up time (torch, transformers)
+
+        return info_hf(overrides, "--json" in args)
     jobs = expand_sweeps(overrides)
     varying = [i for i in range(len(overrides)) if len({tuple(job)[i] for job in jobs}) > 1]
     columns = []

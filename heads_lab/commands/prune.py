@@ -33,6 +33,7 @@ from heads_lab.commands import runs
 from heads_lab.commands.runs import Command
 from heads_lab.config.sites import KEPT_COLUMNS, SITES
 from heads_lab.errors import ConfigError
+from heads_lab.hf import is_hf
 from heads_lab.output.files import write_json, write_lines
 from heads_lab.output.progress import clock
 from heads_lab.output.tables import show, to_rich, write_csv, write_markdown
@@ -44,6 +45,10 @@ COMMAND = Command("prune", "pruning", ("prune.", "eval.", "trainer.precision="),
 
 
 def main(args: list[str]) -> int:
+    if args and is_hf(args[0]):  # a pretrained Hugging Face model (heads_lab.hf)
+        from heads_lab.commands.hf import prune_hf  # lazy: start-up time (transformers)
+
+        return prune_hf(args[0], args[1:])
     parsed = COMMAND.parse(args)
     if isinstance(parsed, int):
         return parsed
@@ -271,23 +276,25 @@ def _write_tables(out: Path, table: dict[str, Any]) -> None:
     write_csv(out / "prune.csv", table)
 
 
-def plot_curves(curves: dict[str, list[dict]], path: Path, split: str) -> Path:
-    """BLEU and PPL vs the fraction of heads pruned, one line per attention type (Michel's
-    figure)."""
+def plot_curves(curves: dict[str, list[dict]], path: Path, split: str,
+                left: tuple[str, str] | None = None) -> Path:
+    """BLEU (or `left`: (key, label), e.g. an encoder's masked-LM accuracy) and PPL vs the
+    fraction of heads pruned, one line per attention type (Michel's figure)."""
     import matplotlib  # lazy: start-up time (matplotlib)
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # lazy: start-up time (matplotlib)
 
+    key, label = left or ("bleu", f"{split} BLEU")
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     ppls: list[float] = []
     for name, rows in curves.items():
         x = [r["fraction"] * 100 for r in rows]
-        axes[0].plot(x, [r["bleu"] for r in rows], marker="o", label=name)
+        axes[0].plot(x, [r[key] for r in rows], marker="o", label=name)
         ppl = [min(r["ppl"], 1e4) for r in rows]
         ppls += ppl
         axes[1].plot(x, ppl, marker="o", label=name)
-    axes[0].set_ylabel(f"{split} BLEU")
+    axes[0].set_ylabel(label)
     axes[1].set_ylabel(f"{split} PPL")
     axes[1].set_yscale("log")
     # labelled ticks at 1, 2, 5 × 10^k (5, 10, 20, 50, ...), as plain numbers (7, not 7×10⁰);

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -308,3 +309,75 @@ def test_talking_heads_with_one_mix_train_analyze_mask_and_gate(tmp_path, mixes,
     gates = heads_lab("prune", str(run), "method=gates", "prune.steps=4", "prune.eval_sentences=5",
                       cwd=run)
     assert gates.returncode == 0, gates.stderr + gates.stdout
+
+
+def _tiny_hf(tmp_path) -> dict[str, Path]:
+    import importlib.util
+    import sys
+
+    pytest.importorskip("transformers", reason="the hf extra (make test installs it)")
+    path = Path(__file__).resolve().parents[2] / "scripts" / "hf_tiny_models.py"
+    spec = importlib.util.spec_from_file_location("hf_tiny_models", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    data = os.environ.get("HEADS_LAB_DATA")
+    return module.build(tmp_path / "hf", Path(data) if data else None)
+
+
+PUD = Path(os.environ.get("HEADS_LAB_DATA", "/nonexistent")) / "ud-pud"
+
+
+@pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)
+@pytest.mark.skipif(not (PUD / "de_pud-ud-test.conllu.gz").is_file(),
+                    reason="PUD not found: set HEADS_LAB_DATA to the dir holding ud-pud/ "
+                           "(.ci/run points it at ../shared/data)")
+def test_pretrained_models_go_through_info_analyze_and_prune(tmp_path):
+    tiny = _tiny_hf(tmp_path)
+    proc = heads_lab("info", *[f"hf:{p}" for p in tiny.values()], "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    rows = json.loads(proc.stdout)
+    assert [r["family"] for r in rows] == ["marian", "bert", "distilbert"]
+    assert rows[0]["layers"] == "2+2" and rows[1]["heads"] == {"enc-self": 4}
+    for family, lang, extra in (("marian", "de", ["analysis.treebank_ref=text_en"]),
+                                ("bert", "en", []), ("distilbert", "en", [])):
+        proc = heads_lab("analyze", f"hf:{tiny[family]}",
+                         f"analysis.treebank={PUD / f'{lang}_pud-ud-test.conllu.gz'}",
+                         "analysis.max_sentences=30", *extra, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr + proc.stdout
+        (found,) = (tmp_path / "outputs" / "hf").glob(f"*{family}/analysis/*/analysis.json")
+        result = json.loads(found.read_text())
+        assert result["syntax"]["matched"] == 30 and result["model"]["family"] == family
+        sites = {"marian": {"enc-self", "dec-self", "dec-enc"}}.get(family, {"enc-self"})
+        assert set(result["functions"]) == sites
+        assert all(h["importance"] is not None for h in result["heads"])
+        assert "lrp" in result["not_measured"] and "not measured for this family" in proc.stdout
+    for family, args in (("marian", []), ("bert", ["data.src=en"])):
+        proc = heads_lab("prune", f"hf:{tiny[family]}", "data=multi30k", *args,
+                         "prune.eval_sentences=12", "prune.step=0.5", "prune.sites=[enc-self]",
+                         "eval.beam=1", cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr + proc.stdout
+        (found,) = (tmp_path / "outputs" / "hf").glob(f"*{family}/prune/*/prune.json")
+        curve = json.loads(found.read_text())["curves"]["enc-self"]
+        assert [r["fraction"] for r in curve] == [0.0, 0.5, 1.0]
+        assert [r["kept"]["enc-self"] for r in curve] == [8, 4, 0]
+        assert ("bleu" if family == "marian" else "accuracy") in curve[0]
+
+
+@pytest.mark.parametrize("case,fragments", [
+    ("offline", ["hf:someone/no-such-model", "unreachable (offline)", "save_pretrained"]),
+    ("gpt2", ["is a 'gpt2' model", "marian, bert, distilbert"]),
+    ("missing", ["no such save_pretrained dir"]),
+])
+def test_a_pretrained_model_that_cannot_be_read_is_one_line(tmp_path, case, fragments):
+    pytest.importorskip("transformers", reason="the hf extra (make test installs it)")
+    name = {"offline": "someone/no-such-model", "missing": str(tmp_path / "none")}.get(case)
+    if case == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50)).save_pretrained(
+            tmp_path / "gpt2")
+        name = str(tmp_path / "gpt2")
+    proc = heads_lab("info", f"hf:{name}", cwd=tmp_path,
+                     env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf-home")})
+    _assert_one_line_error(proc, *fragments)

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "heads_lab"
-WINGS = {"commands", "config", "data", "model", "training", "output", "analysis", "bench"}
+WINGS = {"commands", "config", "data", "model", "training", "output", "analysis", "bench", "hf"}
 
 
 def modules() -> list[Path]:

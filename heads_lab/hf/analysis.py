@@ -1,0 +1,98 @@
+"""`analyze` of an `hf:` model: heads-lab's measures (analysis/record.py `measure`) on the
+model's own attention maps.
+
+- Sentences: analysis.treebank's (its `# text`, and with analysis.treebank_ref a translator's
+  decoder teacher-forced on the translation), or the first analysis.max_sentences of a data
+  set's analysis.split (its texts re-tokenized by the model's tokenizer).
+- Words ↔ tokens for the syntactic measures through the model's tokenizer: its character
+  offsets where it has them (BERT, DistilBERT), else its SentencePiece pieces (Marian).
+- Rare words: token frequencies of the analysed sentences themselves (the model's training data
+  is not at hand); so a "rare" token is rare in the analysed text.
+- Importance (Michel): through the hooks of heads_lab.hf.heads, with the family's loss (a
+  translator's reference cross-entropy: only with translations; an encoder's masked LM).
+- LRP: not measured for these families (its rules follow heads-lab's own layers); analysis.json
+  says so under `not_measured`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from heads_lab.analysis.maps import Sentence
+from heads_lab.analysis.record import Source, measure
+from heads_lab.analysis.syntax import read_conllu, treebank_split
+from heads_lab.data import Split
+from heads_lab.errors import ConfigError
+from heads_lab.hf import heads as hf_heads
+from heads_lab.hf.models import Pretrained
+
+log = logging.getLogger(__name__)
+NOT_MEASURED = {"lrp": "not measured for this family: heads-lab's LRP rules follow its own "
+                       "layers (heads_lab.analysis.lrp)"}
+
+
+@dataclass
+class HeadsOf:
+    """An `hf:` model's heads at one (site, layer), as analysis/record.py reads a module: one kind
+    of head ("head", multi-head attention), `out_heads` of them."""
+
+    out_heads: int
+    variant: str = "mha"
+
+    def kinds(self) -> dict[str, int]:
+        return {"head": self.out_heads}
+
+
+def source(pre: Pretrained, cfg, texts: tuple[list[str], list[str] | None] | None,
+           form: str = "NFC") -> Source:
+    """What is analysed: analysis.treebank's sentences, or `texts` (sources, references) of a
+    data set's split. A translator's references are encoded as its labels."""
+    max_len = int(getattr(pre.config, "max_position_embeddings", 512)) - 2
+    if cfg.treebank:
+        trees = read_conllu(Path(cfg.treebank))
+        trees = trees[:cfg.max_sentences] if cfg.max_sentences else trees
+        split, kept, indices, left_out = treebank_split(trees, pre.tokens, form,
+                                                        cfg.treebank_ref, max_len)
+        if cfg.treebank_ref and pre.family.seq2seq:
+            split.tgt = pre.tokens.encode_target(split.tgt_text)
+        return Source(f"treebank {Path(cfg.treebank).name}", split, split.src_text, kept,
+                      indices, left_out, "treebank", str(cfg.treebank))
+    if texts is None:
+        raise ConfigError("analyze hf:...: give analysis.treebank=<CoNLL-U file> (e.g. "
+                          "../shared/data/ud-pud/de_pud-ud-test.conllu.gz), or a data set "
+                          "(data=multi30k) and analysis.split")
+    src_text, tgt_text = texts
+    n = len(src_text) if cfg.max_sentences is None else min(cfg.max_sentences, len(src_text))
+    src_text = src_text[:n]
+    tgt_text = tgt_text[:n] if tgt_text is not None and pre.family.seq2seq else None
+    src = pre.tokens.encode(src_text)
+    tgt = pre.tokens.encode_target(tgt_text) if tgt_text is not None else [[] for _ in src]
+    return Source(cfg.split, Split(src_text, tgt_text, src, tgt), src_text, None,
+                  list(range(n)))
+
+
+def analyze(pre: Pretrained, cfg, src: Source, device="cpu") -> tuple[dict[str, Any],
+                                                                       list[Sentence]]:
+    """Every measure heads-lab applies to its own models, on `src`'s sentences."""
+    n = len(src.split)
+    ids = [[int(t) for t in src.split.src[i]] for i in range(n)]
+    targets = ([[int(t) for t in src.split.tgt[i]] for i in range(n)]
+               if src.has_target and pre.family.seq2seq else None)
+    sentences = hf_heads.maps(pre, ids, targets, device)
+    gradient = {}
+    if targets is not None or not pre.family.seq2seq:  # a translator's loss needs references
+        gradient["importance"] = hf_heads.importance(pre, ids, targets, device)
+    freq = Counter(t for s in ids for t in s)
+    modules = {key: HeadsOf(n) for key, n in pre.heads.items()}
+    result = measure(sentences, src, modules, gradient, freq, pre.tokens, cfg)
+    result["not_measured"] = dict(NOT_MEASURED)
+    if "importance" not in gradient:
+        result["not_measured"]["importance"] = ("a translator's loss needs references: give "
+                                                "analysis.treebank_ref (e.g. text_en)")
+    result["model"] = {"name": pre.name, "family": pre.family.name,
+                       "rare_frequencies": "the analysed sentences' own tokens"}
+    return result, sentences

@@ -1,0 +1,139 @@
+"""Tiny random-weight Hugging Face models, built here from their configs with tokenizers trained on
+local text and saved with `save_pretrained`: what heads-lab's `hf:` support is tested on where no
+pretrained weights can be downloaded, and what anyone can run `heads-lab info / analyze / prune`
+on without a network.
+
+    python scripts/hf_tiny_models.py --out outputs/hf_tiny
+    heads-lab info hf:outputs/hf_tiny/marian hf:outputs/hf_tiny/bert hf:outputs/hf_tiny/distilbert
+
+Writes <out>/marian (MarianMTModel de→en, with a MarianTokenizer: one SentencePiece model for
+both sides), <out>/bert (BertForMaskedLM) and <out>/distilbert (DistilBertForMaskedLM), the two
+encoders sharing one WordPiece vocabulary; d_model 64, 4 heads, 2 layers (2+2 for Marian). The
+tokenizers are trained on Multi30k's German and English training text where $HEADS_LAB_DATA (or
+--data) holds it, else on heads-lab's embedded synthetic language pair. The weights are random
+(seeded): the models are for testing the plumbing, not for their numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import tempfile
+from pathlib import Path
+
+SEED = 20261127
+D_MODEL, HEADS, LAYERS, FFN, POSITIONS = 64, 4, 2, 128, 256
+
+
+def texts(data: Path | None, count: int = 6000) -> list[str]:
+    """German and English sentences to train the tokenizers on."""
+    root = data / "multi30k" if data else None
+    if root and (root / "train.de.gz").is_file():
+        out = []
+        for lang in ("de", "en"):
+            with gzip.open(root / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
+                out += [line.strip() for _, line in zip(range(count), f)]
+        return out
+    from heads_lab.config.schemas import SyntheticDataConfig  # lazy: only without Multi30k
+    from heads_lab.data.synthetic import generate
+
+    pairs = generate(SyntheticDataConfig(train_size=count, valid_size=10, test_size=10))["train"]
+    return [p.src_text for p in pairs] + [p.tgt_text for p in pairs]
+
+
+def marian(out: Path, lines: list[str]) -> Path:
+    import sentencepiece as spm
+    import torch
+    from transformers import MarianConfig, MarianMTModel, MarianTokenizer
+
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = Path(tmp) / "text.txt"
+        corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        spm.SentencePieceTrainer.train(
+            input=str(corpus), model_prefix=str(Path(tmp) / "spm"), vocab_size=1000,
+            model_type="unigram", character_coverage=1.0, pad_id=-1, bos_id=-1, eos_id=1,
+            unk_id=0, minloglevel=2)
+        for name in ("source.spm", "target.spm"):
+            (out / name).write_bytes((Path(tmp) / "spm.model").read_bytes())
+    sp = spm.SentencePieceProcessor(model_file=str(out / "source.spm"))
+    vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
+    vocab["</s>"], vocab["<unk>"] = 1, 0
+    vocab["<pad>"] = len(vocab)
+    (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    tokenizer = MarianTokenizer(str(out / "source.spm"), str(out / "target.spm"),
+                                str(out / "vocab.json"), source_lang="de", target_lang="en")
+    config = MarianConfig(vocab_size=len(vocab), d_model=D_MODEL, encoder_layers=LAYERS,
+                          decoder_layers=LAYERS, encoder_attention_heads=HEADS,
+                          decoder_attention_heads=HEADS, encoder_ffn_dim=FFN,
+                          decoder_ffn_dim=FFN, max_position_embeddings=POSITIONS,
+                          pad_token_id=vocab["<pad>"], eos_token_id=1,
+                          decoder_start_token_id=vocab["<pad>"], forced_eos_token_id=1,
+                          scale_embedding=True, num_beams=1, max_length=64)
+    torch.manual_seed(SEED)
+    MarianMTModel(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def encoders(out: Path, lines: list[str]) -> tuple[Path, Path]:
+    import torch
+    from tokenizers import BertWordPieceTokenizer
+    from transformers import (
+        BertConfig,
+        BertForMaskedLM,
+        BertTokenizerFast,
+        DistilBertConfig,
+        DistilBertForMaskedLM,
+        DistilBertTokenizerFast,
+    )
+
+    words = BertWordPieceTokenizer(lowercase=False, strip_accents=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = Path(tmp) / "text.txt"
+        corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        words.train([str(corpus)], vocab_size=1000, min_frequency=1)
+        words.save_model(tmp)
+        vocab = Path(tmp) / "vocab.txt"
+        bert_tok = BertTokenizerFast(str(vocab), do_lower_case=False, strip_accents=False)
+        distil_tok = DistilBertTokenizerFast(str(vocab), do_lower_case=False, strip_accents=False)
+    size = bert_tok.vocab_size
+    torch.manual_seed(SEED)
+    bert = BertForMaskedLM(BertConfig(vocab_size=size, hidden_size=D_MODEL, num_hidden_layers=LAYERS,
+                                      num_attention_heads=HEADS, intermediate_size=FFN,
+                                      max_position_embeddings=POSITIONS))
+    torch.manual_seed(SEED)
+    distil = DistilBertForMaskedLM(DistilBertConfig(vocab_size=size, dim=D_MODEL, n_layers=LAYERS,
+                                                    n_heads=HEADS, hidden_dim=FFN,
+                                                    max_position_embeddings=POSITIONS))
+    paths = out / "bert", out / "distilbert"
+    for path, model, tok in zip(paths, (bert, distil), (bert_tok, distil_tok)):
+        model.save_pretrained(path)
+        tok.save_pretrained(path)
+    return paths
+
+
+def build(out: Path, data: Path | None = None) -> dict[str, Path]:
+    """The three tiny models under `out`; returns {family: dir}."""
+    lines = texts(data)
+    bert, distil = encoders(out, lines)
+    return {"marian": marian(out / "marian", lines), "bert": bert, "distilbert": distil}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="outputs/hf_tiny", help="where the model dirs go")
+    parser.add_argument("--data", default=os.environ.get("HEADS_LAB_DATA"),
+                        help="the dir holding multi30k/ (default $HEADS_LAB_DATA); without it "
+                             "the synthetic pair's text")
+    opts = parser.parse_args(argv)
+    for family, path in build(Path(opts.out), Path(opts.data) if opts.data else None).items():
+        print(f"{family}: {path}  (heads-lab info hf:{path})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

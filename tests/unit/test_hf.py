@@ -1,0 +1,182 @@
+"""Pretrained Hugging Face models (heads_lab.hf), tested on tiny random-weight Marian, BERT and
+DistilBERT models built here (scripts/hf_tiny_models.py) against the library itself: the maps are
+the model's own `output_attentions`, a masked head is that head zeroed by hand, importance is a
+finite difference, a planted previous-token head is found positional and the others are not."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import math
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+transformers = pytest.importorskip("transformers", reason="the hf extra: pip install "
+                                   "'heads-lab[hf]' (make test installs it)")
+import torch  # noqa: E402
+
+from heads_lab.config.compose import to_object  # noqa: E402
+from heads_lab.hf import heads as hf_heads  # noqa: E402
+from heads_lab.hf.analysis import analyze, source  # noqa: E402
+from heads_lab.hf.models import account, load  # noqa: E402
+from tests.conftest import compose  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+DE = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.",
+      "Eine Frau mit einem roten Hut liest ein Buch im Park."]
+EN = ["A man rides a bike.", "Two dogs play in the snow.",
+      "A woman in a red hat reads a book in the park."]
+
+
+def _builder():
+    spec = importlib.util.spec_from_file_location("hf_tiny_models",
+                                                  ROOT / "scripts" / "hf_tiny_models.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> dict[str, Path]:
+    data = os.environ.get("HEADS_LAB_DATA")
+    return _builder().build(tmp_path_factory.mktemp("hf"), Path(data) if data else None)
+
+
+def _inputs(pre):
+    src = pre.tokens.encode(DE if pre.family.seq2seq else EN)
+    tgt = pre.tokens.encode_target(EN) if pre.family.seq2seq else None
+    return src, tgt
+
+
+@pytest.mark.parametrize("family", ["marian", "bert", "distilbert"])
+def test_maps_are_the_models_own_attention_one_sentence_at_a_time(tiny, family):
+    pre = load(f"hf:{tiny[family]}")
+    src, tgt = _inputs(pre)
+    sentences = hf_heads.maps(pre, src, tgt)  # batched, padded, then cut back
+    for i, sent in enumerate(sentences):
+        kwargs = {"input_ids": torch.tensor([src[i]])}
+        if pre.family.seq2seq:
+            kwargs["decoder_input_ids"] = torch.tensor([sent.tgt_in])
+        with torch.no_grad():
+            out = pre.model(**kwargs, output_attentions=True)
+        own = ({"enc-self": out.encoder_attentions, "dec-self": out.decoder_attentions,
+                "dec-enc": out.cross_attentions} if pre.family.seq2seq
+               else {"enc-self": out.attentions})
+        assert set(sent.maps) == set(own)
+        for site, layers in own.items():
+            expected = torch.cat(layers).numpy()  # [layers, heads, query, key]
+            np.testing.assert_allclose(sent.maps[site], expected, atol=1e-5)
+        assert sent.src == src[i] and sent.src[-1] == (1 if family == "marian" else 3)
+
+
+@pytest.mark.parametrize("family,key,head", [("marian", ("dec-enc", 1), 2),
+                                             ("marian", ("enc-self", 0), 0),
+                                             ("bert", ("enc-self", 1), 3),
+                                             ("distilbert", ("enc-self", 0), 1)])
+def test_a_masked_head_is_that_heads_slice_zeroed_by_hand(tiny, family, key, head):
+    pre = load(f"hf:{tiny[family]}")
+    src, tgt = _inputs(pre)
+    b = hf_heads.batch(pre, src, tgt)
+    inputs = {k: v for k, v in b.kwargs.items() if k != "labels"}
+    by_hand = copy.deepcopy(pre.model)
+    width = pre.d_model // pre.heads[key]
+    with torch.no_grad():
+        pre.family.outs(by_hand)[key].weight[:, head * width:(head + 1) * width] = 0.0
+        expected = by_hand(**inputs).logits
+        with hf_heads.masked(pre, {key: [head]}):
+            got = pre.model(**inputs).logits
+        plain = pre.model(**inputs).logits  # the hooks are gone after the block
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(plain, expected)
+
+
+@pytest.mark.parametrize("family", ["marian", "bert"])
+def test_importance_is_a_finite_difference_of_the_loss(tiny, family):
+    pre = load(f"hf:{tiny[family]}")
+    pre.model.double()
+    src, tgt = _inputs(pre)
+    b = hf_heads.batch(pre, src, tgt, mlm=not pre.family.seq2seq)
+    key = ("dec-enc", 0) if family == "marian" else ("enc-self", 1)
+    gate = torch.ones(pre.heads[key], dtype=torch.float64, requires_grad=True)
+    with torch.enable_grad(), hf_heads.gated(pre, {key: gate}):
+        (grad,) = torch.autograd.grad(hf_heads.loss(pre, b), [gate])
+    eps = 1e-5
+    for h in range(pre.heads[key]):
+        values = []
+        for sign in (1, -1):
+            shifted = torch.ones(pre.heads[key], dtype=torch.float64)
+            shifted[h] += sign * eps
+            with torch.no_grad(), hf_heads.gated(pre, {key: shifted}):
+                values.append(float(hf_heads.loss(pre, b)))
+        assert float(grad[h]) == pytest.approx((values[0] - values[1]) / (2 * eps), rel=1e-4,
+                                               abs=1e-9)
+    # importance(): |∂L/∂ξ| of the one batch, normalised over the layer
+    scores = hf_heads.importance(pre, src, tgt, batch_size=len(src))[(*key, "head")]
+    np.testing.assert_allclose(scores, grad.abs().numpy() / np.linalg.norm(grad.numpy()),
+                               rtol=1e-6)
+
+
+def _plant_previous_token_head(pre, layer: int = 0, head: int = 0, period: int = 20) -> None:
+    """BERT's layer-0 head 0 made to attend to the previous token through the model's own
+    forward: each position written into four embedding dims as an angle a = position · 2π /
+    period, (cos a, sin a, −cos a, −sin a), those dims emptied of word and type embeddings; the
+    head reads the differences of the pairs (so the embedding LayerNorm's mean, common to every
+    dim, cancels), its query turning the angle one position back while its key reads it as is:
+    q_i · k_j ∝ cos(2π (i − 1 − j) / period), largest at j = i − 1 (sentences shorter than the
+    period)."""
+    emb = pre.model.bert.embeddings
+    attn = pre.model.bert.encoder.layer[layer].attention.self
+    width = attn.attention_head_size
+    rows = slice(head * width, (head + 1) * width)
+    theta = 2 * math.pi / period
+    with torch.no_grad():
+        emb.word_embeddings.weight[:, :4] = 0.0
+        emb.token_type_embeddings.weight[:, :4] = 0.0
+        angles = torch.arange(emb.position_embeddings.weight.shape[0]) * theta
+        emb.position_embeddings.weight[:, :4] = torch.stack(
+            [angles.cos(), angles.sin(), -angles.cos(), -angles.sin()], dim=1)
+        pairs = torch.tensor([[1.0, 0.0, -1.0, 0.0], [0.0, 1.0, 0.0, -1.0]])  # (cos, sin) · 2
+        back = torch.tensor([[math.cos(theta), math.sin(theta)],
+                             [-math.sin(theta), math.cos(theta)]])  # rotates by −θ
+        for proj, turn in ((attn.query, back), (attn.key, torch.eye(2))):
+            proj.weight[rows] = 0.0
+            proj.bias[rows] = 0.0
+            proj.weight[rows.start:rows.start + 2, :4] = 10.0 * turn @ pairs
+
+
+def test_a_planted_previous_token_head_is_found_positional_and_no_other(tiny):
+    pre = load(f"hf:{tiny['bert']}")
+    texts = EN + ["Two children watch a dog.", "The old man sits on a green bench."]
+    longest = max(len(ids) for ids in pre.tokens.encode(texts))  # (tokenizer-dependent)
+    _plant_previous_token_head(pre, period=max(20, longest + 4))  # longer than any sentence
+    cfg = to_object(compose(["analysis.max_sentences=null"])).analysis
+    result, sentences = analyze(pre, cfg, source(pre, cfg, (texts, None)))
+    heads = {(h["layer"], h["head"]): h for h in result["heads"] if h["site"] == "enc-self"}
+    planted = heads[0, 0]
+    assert planted["function"] == "positional"
+    assert planted["positional"]["offset"] == -1 and planted["positional"]["share"] == 1.0
+    others = [h for key, h in heads.items() if key != (0, 0)]
+    assert all(h["function"] != "positional" for h in others)
+    assert max(h["positional"]["share"] for h in others) < 0.9
+
+
+def test_info_counts_parameters_and_flops_like_the_library(tiny):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    for family, path in tiny.items():
+        pre = load(f"hf:{path}")
+        row = account(pre)
+        assert row["params"] == pre.model.num_parameters()
+        assert row["family"] == family and row["d_k"] == row["d_model"] // 4
+        ids = torch.full((1, 20), 5)
+        kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        if pre.family.seq2seq:
+            kwargs["decoder_input_ids"] = torch.full((1, 20), 5)
+        with FlopCounterMode(display=False) as counter, torch.no_grad():
+            pre.model(**kwargs)
+        assert row["flops_per_token"] == counter.get_total_flops() / 20
