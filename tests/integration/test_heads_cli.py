@@ -368,16 +368,23 @@ def test_pretrained_models_go_through_info_analyze_and_prune(tmp_path):
     ("offline", ["hf:someone/no-such-model", "unreachable (offline)", "save_pretrained"]),
     ("gpt2", ["is a 'gpt2' model", "marian, bert, distilbert"]),
     ("missing", ["no such save_pretrained dir"]),
+    ("no-transformers", ["need the transformers package", "pip install 'heads-lab[hf]'"]),
 ])
 def test_a_pretrained_model_that_cannot_be_read_is_one_line(tmp_path, case, fragments):
     pytest.importorskip("transformers", reason="the hf extra (make test installs it)")
-    name = {"offline": "someone/no-such-model", "missing": str(tmp_path / "none")}.get(case)
+    name = {"offline": "someone/no-such-model", "missing": str(tmp_path / "none"),
+            "no-transformers": "bert-base-uncased"}.get(case)
+    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf-home")}
+    if case == "no-transformers":  # a Python where `import transformers` fails
+        (tmp_path / "hide").mkdir()
+        (tmp_path / "hide" / "sitecustomize.py").write_text(
+            "import sys\nsys.modules['transformers'] = None\n")
+        env["PYTHONPATH"] = str(tmp_path / "hide")
     if case == "gpt2":
         from transformers import GPT2Config, GPT2LMHeadModel
 
         GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50)).save_pretrained(
             tmp_path / "gpt2")
         name = str(tmp_path / "gpt2")
-    proc = heads_lab("info", f"hf:{name}", cwd=tmp_path,
-                     env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf-home")})
+    proc = heads_lab("info", f"hf:{name}", cwd=tmp_path, env=env)
     _assert_one_line_error(proc, *fragments)
