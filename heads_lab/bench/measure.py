@@ -5,6 +5,7 @@ a CUDA device (`Workload.device`); on CUDA every timing ends with a synchronize.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import statistics
@@ -18,7 +19,7 @@ from heads_lab.bench.baseline import TorchTransformer
 from heads_lab.config.cost import Lengths, account
 from heads_lab.config.schemas import ModelConfig
 from heads_lab.data.tokenizer import EOS
-from heads_lab.model import Transformer
+from heads_lab.model import Transformer, kernels
 from heads_lab.model.decode import beam_search, greedy
 from heads_lab.training.device import autocast, synchronize
 from heads_lab.training.loop import adam
@@ -33,8 +34,19 @@ class Variant:
     precision: str = "fp32"
     baseline: bool = False  # torch.nn.Transformer at the same dims
     compile: bool = False  # the training forward through torch.compile, as trainer.compile=true
+    talking_heads_path: str | None = None  # "explicit" / "folded" (model.kernels); None: auto
     times: list[float] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)  # per token, every step in order
+
+    @contextlib.contextmanager
+    def path(self):
+        """Talking heads' path (kernels.TALKING_HEADS_PATH) as this row asks, while it runs."""
+        before = kernels.TALKING_HEADS_PATH
+        kernels.TALKING_HEADS_PATH = self.talking_heads_path or before
+        try:
+            yield
+        finally:
+            kernels.TALKING_HEADS_PATH = before
 
     def build(self, vocab: int, device: torch.device = CPU) -> torch.nn.Module:
         if self.baseline:
@@ -104,7 +116,8 @@ def train_throughput(variants: list[Variant], work: Workload, steps: int = 10, w
         for v, model, opt, net in runs:
             for _ in range(per_turn):
                 started = time.perf_counter()
-                loss = train_step(model, opt, v.precision, src, tgt_in, tgt_out, net)
+                with v.path():
+                    loss = train_step(model, opt, v.precision, src, tgt_in, tgt_out, net)
                 elapsed = time.perf_counter() - started
                 v.losses.append(loss)
             if i >= warmup:
@@ -132,7 +145,7 @@ def decode_throughput(v: Variant, work: Workload, beam: int, use_cache: bool, re
     times, out = [], []
     for _ in range(reps + 1):  # the first run warms up
         started = time.perf_counter()
-        with autocast(src.device, v.precision):
+        with autocast(src.device, v.precision), v.path():
             if beam == 1:
                 out = greedy(model, src, work.length + 1, use_cache, min_len=work.length)
             else:
@@ -145,13 +158,15 @@ def decode_throughput(v: Variant, work: Workload, beam: int, use_cache: bool, re
 
 def _peak_child(variant: dict, work: dict, out) -> None:
     model = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), variant["model"]))
-    v = Variant(variant["name"], model, variant["precision"], variant["baseline"])
+    v = Variant(variant["name"], model, variant["precision"], variant["baseline"],
+                talking_heads_path=variant.get("talking_heads_path"))
     w = Workload(**work)
     torch.manual_seed(0)
     model = v.build(w.vocab, w.torch_device).train()
     opt = _optimizer(model, v.baseline)
     for _ in range(3):
-        train_step(model, opt, v.precision, *w.tensors())
+        with v.path():
+            train_step(model, opt, v.precision, *w.tensors())
     if w.torch_device.type == "cuda":
         out.put(torch.cuda.max_memory_allocated(w.torch_device) / 2**20)
         return
@@ -165,7 +180,9 @@ def peak_memory_mb(v: Variant, work: Workload) -> float:
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     spec = json.loads(json.dumps({"name": v.name, "model": asdict(v.model), "precision": v.precision,
-                                  "baseline": v.baseline}, default=lambda e: e.value))
+                                  "baseline": v.baseline,
+                                  "talking_heads_path": v.talking_heads_path},
+                                 default=lambda e: e.value))
     proc = ctx.Process(target=_peak_child, args=(spec, asdict(work), out))
     proc.start()
     proc.join()

@@ -61,6 +61,10 @@ def variants(model: ModelConfig, quick: bool = False, precision: str = "fp32",
         other.append(Variant("mha h=8 fp32", with_(heads=8)))
     if compile:
         other.append(Variant(f"{MHA8} compiled", with_(heads=8), precision=main, compile=True))
+    if not quick:  # talking heads through one fused kernel (model.kernels.folded_talking_heads)
+        other.append(Variant("talking_heads h=8 folded", with_(
+            attention=AttentionKind.talking_heads, heads=8), precision=main,
+            talking_heads_path="folded"))
     return out + other
 
 

@@ -30,6 +30,8 @@ from heads_lab.model.kernels import (
     bmm_attention,
     bmm_is_faster,
     fill_masked,
+    folded_is_faster,
+    folded_talking_heads,
     masked_softmax,
 )
 
@@ -296,6 +298,11 @@ class TalkingHeadsAttention(Attention):
                    cfg.mix_init, cfg.mixes)
 
     def attend(self, q, k, v, mask, causal: bool, need_weights: bool):
+        p = self.dropout if self.training else 0.0
+        if not need_weights and not p and folded_is_faster(q):  # one fused kernel (GPU)
+            rel = self.relative_bias(q.shape[2], k.shape[2])
+            return folded_talking_heads(q, k, v, self.logits_mix, self.weights_mix, mask, causal,
+                                        rel, self.head_dim**-0.5), None
         b, h_k, n, _ = q.shape
         m = k.shape[2]
         h, h_v = self.heads, self.v_heads
@@ -309,7 +316,6 @@ class TalkingHeadsAttention(Attention):
         weights = masked_softmax(logits, mask, causal, inplace=True)  # W [batch, h, n, m]
         mixed = (torch.matmul(self.weights_mix.t(), weights.view(b, h, n * m)).view(b, h_v, n, m)
                  if self.weights_mix is not None else weights)  # U [batch, h_V, n, m]
-        p = self.dropout if self.training else 0.0
         o = torch.matmul(dropout(mixed, p, True), v)  # O [batch, h_V, n, head_dim]
         return o, weights if need_weights else None
 

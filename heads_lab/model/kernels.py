@@ -4,7 +4,10 @@ key/value cache (append, reorder for beam search)."""
 
 from __future__ import annotations
 
+import os
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from heads_lab.model.dropout import dropout
@@ -50,6 +53,56 @@ def bmm_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: 
     weights = scores.softmax(dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
     weights = dropout(weights, p, True).to(v.dtype) if p else weights.to(v.dtype)
     return torch.bmm(weights, v.reshape(b * kv, m, d)).view(b, h, n, d)
+
+
+# Talking heads through one fused attention kernel (folded_talking_heads) or the explicit
+# matmul-mix-softmax-mix path: "auto" picks, per device, what measured faster (bench: talking
+# heads rows); "explicit" / "folded" force one (HEADS_LAB_TALKING_HEADS_PATH, tests, the bench).
+TALKING_HEADS_PATH = os.environ.get("HEADS_LAB_TALKING_HEADS_PATH", "auto")
+
+
+def folded_is_faster(q: Tensor) -> bool:
+    """Whether talking heads run folded (folded_talking_heads). On CPU the explicit path is
+    faster: the folded scores cost h·h_K·d_k per query-key pair instead of h_K·d_k + h_K·h, and
+    fwd+bwd of one layer at 64 × 20 tokens took 2.2-2.8× (fp32) and 4.7-6.8× (bf16) as long
+    folded at h = 8, d_model 256-512 (15× at h = 32). On a GPU the fused kernel may win (no
+    [batch, heads, n, m] tensors); until the GPU check has measured it, "auto" keeps the explicit
+    path there too and HEADS_LAB_TALKING_HEADS_PATH=folded opts in."""
+    if TALKING_HEADS_PATH in ("explicit", "folded"):
+        return TALKING_HEADS_PATH == "folded"
+    return False
+
+
+def folded_talking_heads(q: Tensor, k: Tensor, v: Tensor, logits_mix: Tensor | None,
+                         weights_mix: Tensor | None, mask: Tensor | None, causal: bool,
+                         rel: Tensor | None, scale: float) -> Tensor:
+    """Talking heads as one multi-query attention: softmax head h's logits are
+    L_h = Σ_k P_l[k, h] Q_k K_kᵀ·s = Q̃_h K̃ᵀ·s, with Q̃_h = concat_k P_l[k, h] Q_k and K̃ = concat_k
+    K_k (h_K · d_k wide, one key head shared by every softmax head), and value head v's output
+    is O_v = Σ_h P_w[h, v] W_h V_v: every softmax head attends over all value heads concatenated
+    (h_V · d_v wide) and P_w mixes the results. A mix left out (None) is the identity. Exact to the
+    explicit path; no [batch, heads, n, m] tensor is kept (the kernel's own). No attention dropout
+    (it would fall on W, not on the mixed U). q, k [batch, h_K, n|m, d], v [batch, h_V, m, d],
+    mask [batch, 1, 1, m], rel [h, n, m] → o [batch, h_V, n, d]."""
+    b, h_k, n, d = q.shape
+    m, h_v = k.shape[2], v.shape[1]
+    if logits_mix is None:  # L = J: softmax head h reads query/key head h alone
+        logits_mix = torch.eye(h_k, dtype=q.dtype, device=q.device)
+    h = logits_mix.shape[1]
+    qt = torch.einsum("bknd,kh->bhnkd", q, logits_mix.to(q.dtype)).reshape(b, h, n, h_k * d)
+    kt = k.transpose(1, 2).reshape(b, 1, m, h_k * d)
+    vt = v.transpose(1, 2).reshape(b, 1, m, h_v * d)
+    bias = None
+    if rel is not None or (causal and n != m):  # one additive mask: bias, -inf where masked
+        base = rel[None].to(q.dtype) if rel is not None else q.new_zeros(1, 1, n, m)
+        bias, causal = fill_masked(base, mask, causal), False
+    a = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=bias if bias is not None else mask,
+                                       is_causal=causal, scale=scale, enable_gqa=True)
+    a = a.view(b, h, n, h_v, d)  # softmax head h's weights over value head v's values
+    if weights_mix is None:  # U = W (h_V = h): value head v is softmax head v's
+        idx = torch.arange(h, device=q.device)
+        return a[:, idx, :, idx].permute(1, 0, 2, 3)
+    return torch.einsum("bhnvd,hv->bvnd", a, weights_mix.to(a.dtype))
 
 
 def fill_masked(x: Tensor, mask: Tensor | None, causal: bool, inplace: bool = False) -> Tensor:

@@ -290,6 +290,42 @@ def test_talking_heads_on_the_device_equal_a_float64_reference(mixes, case, devi
     _close(weights, w_ref, 1e-5, "softmax weights")
 
 
+@pytest.mark.parametrize("case", list(TALKING_CASES))
+@pytest.mark.parametrize("mixes", list(TALKING))
+def test_folded_talking_heads_on_the_device_equal_a_float64_reference(mixes, case, device,
+                                                                     no_tf32, monkeypatch):
+    """The fused path (the logits mix folded into the queries, one multi-query SDPA over all
+    value heads: model.kernels.folded_talking_heads), forced on, against the same float64
+    reference; and in bf16 autocast within bf16's rounding."""
+    from heads_lab.model import kernels
+
+    monkeypatch.setattr(kernels, "TALKING_HEADS_PATH", "folded")
+    lengths, causal, cross = TALKING_CASES[case]
+    heads_k, heads, heads_v = TALKING[mixes]
+    torch.manual_seed(1)
+    module = TalkingHeadsAttention(48, heads, 8, dropout=0.0, heads_k=heads_k, heads_v=heads_v,
+                                   relative=0 if cross else 3, mixes=mixes)
+    with torch.no_grad():
+        for p in module.mix_parameters():
+            p.add_(0.3 * torch.randn_like(p))
+        if module.position_bias is not None:
+            module.position_bias.normal_()
+    x = torch.randn(3, 9, 48)
+    memory = torch.randn(3, 11, 48) if cross else None
+    mask = _padding_mask(lengths, 11 if cross else 9, CPU) if lengths else None
+    y_ref, _ = _talking_heads_reference(module, x, memory, mask, causal)
+    module = module.to(device).eval()
+    args = (x.to(device), memory.to(device) if cross else None)
+    kwargs = dict(mask=mask.to(device) if mask is not None else None, causal=causal)
+    with torch.no_grad():
+        y, weights = module(*args, **kwargs)
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            y_bf16, _ = module(*args, **kwargs)
+    assert weights is None and y.dtype == torch.float32
+    _close(y, y_ref, 1e-5, "folded output")
+    _close(y_bf16.float(), y_ref, 3e-2, "folded output in bf16")
+
+
 # --- d. decoding ------------------------------------------------------------------------------
 
 DECODES = [("greedy", 1, 0.0), ("beam", 2, 0.6), ("beam", 4, 1.0), ("beam", 5, 0.0)]

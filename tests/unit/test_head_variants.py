@@ -426,3 +426,52 @@ def test_the_variant_registries_agree():
     for name, module in MODULES.items():
         assert module.variant == name and VARIANTS[name].name == name
         assert VARIANTS[name].bench(quick=True), f"{name} declares no bench rows"
+
+
+@pytest.mark.parametrize("case", ["padded-self", "causal-self", "cross"])
+@pytest.mark.parametrize("counts,mixes", [((2, 6, 3), "both"), ((4, 4, 4), "both"),
+                                          ((2, 6, 6), "logits"), ((6, 6, 3), "weights")],
+                         ids=["2-6-3", "4-4-4", "logits only", "weights only"])
+def test_folded_talking_heads_equal_the_explicit_path_with_their_gradients(case, counts, mixes,
+                                                                          monkeypatch):
+    """The fused path (kernels.folded_talking_heads: the logits mix folded into the queries, one
+    multi-query attention over all value heads, the weights mix after) against the explicit
+    matmul-mix-softmax-mix path, in float64: outputs and every gradient (inputs, projections,
+    mixes, relative-position biases)."""
+    from heads_lab.model import attention, kernels
+
+    calls = []
+    monkeypatch.setattr(attention, "folded_talking_heads",
+                        lambda *a, **k: calls.append(1) or kernels.folded_talking_heads(*a, **k))
+    hk, h, hv = counts
+    x, memory, kwargs = _inputs(case)
+    x.requires_grad_(True)
+    results = {}
+    for path in ("explicit", "folded"):
+        monkeypatch.setattr(kernels, "TALKING_HEADS_PATH", path)
+        torch.manual_seed(2)
+        att = TalkingHeadsAttention(D, h, 5, heads_k=hk, heads_v=hv, mixes=mixes,
+                                    relative=0 if case == "cross" else 3).double().train()
+        with torch.no_grad():
+            for p in att.mix_parameters():
+                p.normal_()
+            if att.position_bias is not None:
+                att.position_bias.normal_()
+        y, _ = att(x, **kwargs)
+        grads = torch.autograd.grad(y.square().sum(), [x, *att.parameters()])
+        results[path] = (y, grads)
+    assert calls == [1]  # the folded run, and only it, went through the fused kernel
+    torch.testing.assert_close(results["folded"][0], results["explicit"][0])
+    for folded, explicit in zip(results["folded"][1], results["explicit"][1]):
+        torch.testing.assert_close(folded, explicit)
+
+
+@pytest.mark.parametrize("path", ["explicit", "folded"])
+def test_talking_heads_cached_and_beam_decoding_equal_the_full_forward_on_either_path(path,
+                                                                                     monkeypatch):
+    from heads_lab.model import kernels
+
+    monkeypatch.setattr(kernels, "TALKING_HEADS_PATH", path)
+    for variant in [v for v in VARIANTS if v.get("attention") == AttentionKind.talking_heads]:
+        test_cached_decoding_equals_full_forward_for_every_variant(variant)
+        test_beams_decode_over_their_sentences_memory_kept_once(variant)
