@@ -15,8 +15,9 @@ from heads_lab.config.validate import validate
 from heads_lab.errors import ConfigError
 from heads_lab.output.files import write_json
 
-USAGE = ("heads-lab bench [--quick] [--depth] [--steps N] [--device D] [--precision P] [--batch B] "
-         "[--length L] [--compile] [--json FILE] [--png FILE] [model.KEY=VALUE ...]")
+USAGE = ("heads-lab bench [--quick] [--depth] [--profile {train,greedy,beam}] [--steps N] "
+         "[--device D] [--precision P] [--batch B] [--length L] [--compile] [--json FILE] "
+         "[--png FILE] [--trace FILE] [model.KEY=VALUE ...]")
 
 
 def main(args: list[str]) -> int:
@@ -34,6 +35,12 @@ def main(args: list[str]) -> int:
     parser.add_argument("--length", type=int, default=20, help="tokens per sentence")
     parser.add_argument("--compile", action="store_true",
                         help="add mha h=8 with its training forward compiled (trainer.compile)")
+    parser.add_argument("--profile", choices=("train", "greedy", "beam"),
+                        help="profile a training step or decoding (torch.profiler) of one model "
+                             "(model.* overrides; default the small config, h=4): its Chrome "
+                             "trace (--trace) and a table of the operators with the most self time")
+    parser.add_argument("--trace", default="bench_trace.json", help="--profile: the trace file")
+    parser.add_argument("--rows", type=int, default=25, help="--profile: operators in the table")
     parser.add_argument("--json", default="bench.json", help="where to write the numbers")
     parser.add_argument("--png", default="bench_depth.png", help="--depth: the plot")
     opts = parser.parse_args(args)
@@ -42,7 +49,15 @@ def main(args: list[str]) -> int:
     from heads_lab.output.tables import wide_console
 
     console = wide_console(150)
-    if opts.depth:
+    if opts.profile:
+        from heads_lab.bench import profile  # lazy: start-up time (torch)
+
+        work, precision = _workload(opts)
+        result = profile.run(model, work, precision, opts.profile, steps=min(opts.steps, 5),
+                             warmup=opts.warmup, rows=opts.rows, trace=Path(opts.trace))
+        console.print(_profile_table(result))
+        console.print(f"trace: {opts.trace} (chrome://tracing or ui.perfetto.dev)")
+    elif opts.depth:
         from heads_lab.bench import depth  # lazy: start-up time (torch)
 
         result = depth.run(model, log=console.print)
@@ -61,6 +76,18 @@ def main(args: list[str]) -> int:
     write_json(Path(opts.json), result)
     console.print(f"numbers: {opts.json}")
     return 0
+
+
+def _profile_table(result: dict):
+    from heads_lab.output.tables import to_rich  # lazy: start-up time (rich)
+
+    body = [[r["name"], f"{r['calls_per_step']:g}", f"{r['self_ms_per_step']:.2f}",
+             f"{100 * r['share']:.1f}"] for r in result["rows"]]
+    note = (f"{result['what']} of {result['variant']} ({result['precision']}, {result['device']}, "
+            f"{result['batch']} × {result['length']} tokens): {result['total_ms_per_step']:.1f} ms "
+            f"of {result['clock']} self time per step, over {result['steps']} steps")
+    return to_rich({"header": ["operator / kernel", "calls/step", "self ms/step", "% of step"],
+                    "rows": body, "note": note}, "heads-lab bench --profile")
 
 
 def _workload(opts):

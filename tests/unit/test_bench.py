@@ -103,3 +103,22 @@ def test_bench_refuses_a_device_it_cannot_use():
     if not __import__("torch").cuda.is_available():
         with pytest.raises(ConfigError, match="no CUDA device here; use --device cpu"):
             main(["--device", "cuda"])
+
+
+@pytest.mark.parametrize("what", ["train", "greedy"])
+def test_bench_profile_writes_a_trace_and_the_operators_that_take_the_step(tmp_path, what):
+    """--profile: torch.profiler over a few steps; the table's rows are the trace's own
+    operators, their self times summing to no more than the step's."""
+    from heads_lab.bench import main
+
+    out, trace = tmp_path / "profile.json", tmp_path / "trace.json"
+    assert main(["--profile", what, "--steps", "2", "--warmup", "1", "--rows", "8", "--device",
+                 "cpu", "--json", str(out), "--trace", str(trace), "model.d_model=32",
+                 "model.d_ff=64", "model.encoder_layers=1", "model.decoder_layers=1"]) == 0
+    result = json.loads(out.read_text())
+    assert result["what"] == what and result["clock"] == "cpu" and len(result["rows"]) == 8
+    shares = [r["share"] for r in result["rows"]]
+    assert shares == sorted(shares, reverse=True) and 0 < sum(shares) <= 1 + 1e-9
+    names = {e.get("name") for e in json.loads(trace.read_text())["traceEvents"]}
+    assert all(r["name"] in names for r in result["rows"])
+    assert ("aten::mm" in names or "aten::addmm" in names) and f"{what} 0" in names
