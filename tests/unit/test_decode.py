@@ -132,3 +132,23 @@ def test_an_empty_batch_decodes_to_nothing():
     model = _model()
     empty = torch.zeros(0, 7, dtype=torch.long)
     assert greedy(model, empty, 5) == [] and beam_search(model, empty, 3, 0.6, 5) == []
+
+
+@pytest.mark.parametrize("kind", ["greedy", "beam"])
+def test_bf16_logits_ranked_as_they_come_decode_as_their_fp32_copy_did(kind, monkeypatch):
+    """Under bf16 autocast greedy ranks each step's bf16 logits and beam search takes their
+    log-softmax in fp32, without an fp32 copy of [rows, vocab] first: bf16 → fp32 is exact, so
+    the tokens are those of ranking the fp32 copy (the earlier code, patched back in)."""
+    from heads_lab.model import decode
+
+    model, src = _model(vocab=300, seed=3), _src(vocab=300)
+
+    def run():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return (greedy(model, src, 12) if kind == "greedy"
+                    else beam_search(model, src, 4, 0.6, 12))
+
+    now = run()
+    original = decode._Stepper.__call__
+    monkeypatch.setattr(decode._Stepper, "__call__", lambda self, p: original(self, p).float())
+    assert run() == now
