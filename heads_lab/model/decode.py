@@ -11,9 +11,10 @@ a sentence stops once no alive hypothesis can beat its worst finished one.
 Per step, what a profile of 64 sentences × 20 steps on CPU showed worth removing is gone: greedy
 ranks logits (no log-softmax) in the dtype they come in (under bf16 autocast, copying each
 step's [rows, vocab] logits to fp32 was 12 % of greedy decoding's profiled self time, 1.02× end to
-end; bf16 → fp32 is exact, so the ranking is the same), candidates come from `top_k` (vectorised, not torch's element-by-element
-CPU top-k over a sentence's k · vocab scores), and the output layer uses a weight laid out once
-for the whole decode (`Transformer.decoding_logits`).
+end; bf16 → fp32 is exact, so the ranking is the same), candidates come from `top_k`
+(vectorised, not torch's element-by-element CPU top-k over a sentence's k · vocab scores), and
+the output layer uses a weight laid out once for the whole decode
+(`Transformer.decoding_logits`).
 """
 
 from __future__ import annotations
