@@ -60,8 +60,8 @@ MULTI30K = ("train.", "val.", "test_2016_flickr.")  # de and en: the study's pai
 # Measured on an H200 (2026-11-26): tests 49 s, bench ~180 s (decoding and the compile row are
 # most of it), table_a 168 s for its 15 runs at once; on an H100 the tests took 48–54 s (a 230 s
 # budget's 20 % share, 46 s, cut them).
-GPU_PARTS = (("tests", 0.2, 30, 60), ("bench", 0.4, 60, 180), ("table_a", 0.6, 120, 170),
-             ("studies", 1.0, 120, 0))
+GPU_PARTS = (("tests", 0.2, 30, 60), ("bench", 0.4, 60, 180), ("profile", 0.1, 20, 40),
+             ("table_a", 0.6, 120, 170), ("studies", 1.0, 120, 0))
 
 
 def allowance(parts: list | tuple, i: int, left: float, budget: float) -> float:
@@ -108,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
                      help="seconds for the whole run (default 540: 9 min, inside a 10-min window)")
     run.add_argument("--site", default="/tmp/heads-lab-site", help="where missing wheels go")
     run.add_argument("--jobs", type=int, default=8, help="jobs at once on the GPU (table_a, studies)")
-    run.add_argument("--parts", default="tests,bench,table_a",
-                     help="which parts, in order: tests, bench, table_a, studies")
+    run.add_argument("--parts", default="tests,bench,profile,table_a",
+                     help="which parts, in order: tests, bench, profile, table_a, studies")
     run.add_argument("--study", action="append", default=[], metavar="'PRESET [OVERRIDE ...]'",
                      help="for the studies part (repeat it): a preset's whole sweep on the GPU, "
                           "with its overrides, e.g. 'kv_heads seed=1,2,3'; into <out>/<preset>/ "
@@ -339,6 +339,27 @@ class Check:
         met = [f"{name}: {value} ({'met' if ok else 'NOT met' if ok is False else '-'})"
                for name, value, ok in result["targets"][:3]]
         return "ok", "; ".join(met)
+
+    def profile(self, allowed: float):
+        """Where a training step's time goes on the device (heads-lab bench --profile train):
+        profile.json (the top operators and kernels by device time) and trace.json."""
+        if self.opts.cpu:
+            args = ["--batch", "4", "--length", "6", "--device", "cpu", "--precision", "fp32",
+                    "--steps", "2", "--warmup", "1", "model.d_model=32", "model.d_ff=64",
+                    "model.encoder_layers=1", "model.decoder_layers=1"]
+        else:  # the bench's dims and batch
+            args = ["--batch", "256", "--length", "32", "--device", "cuda", "--precision",
+                    "bf16", "--steps", "5", "--warmup", "3", "model.d_model=512",
+                    "model.d_ff=2048", "model.encoder_layers=6", "model.decoder_layers=6"]
+        json_path = self.out / "profile.json"
+        proc = self.sh("profile", self.heads_lab(
+            "bench", "--profile", "train", "model.heads=8", *args, "--json", str(json_path),
+            "--trace", str(self.out / "trace.json")), allowed)
+        if proc.returncode or not json_path.is_file():
+            return "failed", f"exit {proc.returncode} (logs/profile.log)"
+        result = json.loads(json_path.read_text())
+        top = "; ".join(f"{r['name']} {100 * r['share']:.0f} %" for r in result["rows"][:3])
+        return "ok", f"{result['total_ms_per_step']:.1f} ms/step ({result['clock']}): {top}"
 
     def table_a(self, allowed: float):
         sweep = self.out / "table_a"

@@ -43,7 +43,7 @@ def main(args: list[str]) -> int:
     parser.add_argument("--rows", type=int, default=25, help="--profile: operators in the table")
     parser.add_argument("--json", default="bench.json", help="where to write the numbers")
     parser.add_argument("--png", default="bench_depth.png", help="--depth: the plot")
-    opts = parser.parse_args(args)
+    opts = parser.parse_intermixed_args(args)  # model.KEY=VALUE anywhere among the flags
     model = _model(opts.overrides)
     # lazy: start-up time (rich), kept out of the bench's peak-RSS child processes
     from heads_lab.output.tables import wide_console

@@ -61,7 +61,8 @@ def variants(model: ModelConfig, quick: bool = False, precision: str = "fp32",
         other.append(Variant("mha h=8 fp32", with_(heads=8)))
     if compile:
         other.append(Variant(f"{MHA8} compiled", with_(heads=8), precision=main, compile=True))
-    if not quick:  # talking heads through one fused kernel (model.kernels.folded_talking_heads)
+    if not quick or main == "bf16":  # talking heads through one fused kernel (the GPU's table
+        # too, quick or not: model.kernels.folded_talking_heads is measured there)
         other.append(Variant("talking_heads h=8 folded", with_(
             attention=AttentionKind.talking_heads, heads=8), precision=main,
             talking_heads_path="folded"))
