@@ -124,6 +124,10 @@ class Trainer:
         self.world, self.rank = (parallel.world, parallel.rank) if parallel else (1, 0)
         self.p = TrainState()
         self.resumed_from: int | None = None
+        # the update's losses are summed on the device, in float64 where it has them
+        self.sum_dtype = torch.float32 if device.type == "mps" else torch.float64
+        self.device_skip = bool(self.opt.defaults.get("fused"))  # see clip_and_step
+        self.read: list[float] = [math.nan, math.nan]
 
     def resume(self) -> None:
         """Continue from the newest valid checkpoint (resume=auto), if there is one."""
@@ -173,7 +177,8 @@ class Trainer:
 
     def forward_backward(self, group: list[np.ndarray]) -> tuple[torch.Tensor, int]:
         """Gradients of one update's batches (this rank's share); returns the summed (loss,
-        NLL) over all ranks and the update's target tokens."""
+        NLL) over all ranks, on the device (no read back here: see `update`), and the
+        update's target tokens."""
         model, cfg, parallel = self.model, self.cfg, self.parallel
         world = self.world
         # rank r trains on batches r, r + world, ... of the update; a rank left without one
@@ -181,7 +186,7 @@ class Trainer:
         mine, weight = ((group[self.rank::world], 1.0) if self.rank < len(group)
                         else (group[:1], 0.0))
         n_tokens = int(sum(self.train_split.tgt_lens[ids].sum() for ids in group))  # all ranks
-        losses = torch.zeros(2, dtype=torch.float64)
+        losses = torch.zeros(2, dtype=self.sum_dtype, device=self.device)
         for i, ids in enumerate(mine):
             batch = collate(self.train_split, ids).to(self.device)
             keep = batch.tgt_out != model.pad_id  # score only real target positions
@@ -194,26 +199,42 @@ class Trainer:
                 (loss / (n_tokens / world) if weight else loss * 0.0).backward()
             if self.extra is not None and i == 0:  # once per update
                 self.extra.loss().backward()
-            losses += weight * torch.tensor([loss.item(), nll.item()], dtype=torch.float64)
+            losses += weight * torch.stack([loss.detach(), nll.detach()]).to(self.sum_dtype)
         if parallel:
             losses = parallel.sum(losses)
         return losses, n_tokens
 
-    def finite(self, losses: torch.Tensor) -> bool:
-        """Clip the gradient; on a non-finite loss or gradient drop the update, count it, and
-        stop with Diverged after trainer.max_bad_steps in a row."""
+    def clip_and_step(self, losses: torch.Tensor) -> bool:
+        """Clip the gradient and apply the update, unless the loss or the gradient is not
+        finite; True when it was applied. The check runs on the device: the fused optimizer
+        skips a flagged update itself (the `found_inf` of PyTorch's AMP, which also takes
+        back Adam's step count), so the host reads the step's losses and the flag once, after
+        all of its work is queued (before, the loss was read per batch and the check waited
+        for the clipping). A skipped update is counted, and trainer.max_bad_steps of them in
+        a row stop the run with Diverged."""
         p, cfg = self.p, self.cfg
         clip = cfg.clip_norm if cfg.clip_norm > 0 else math.inf
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
-        if math.isfinite(losses[0].item()) and torch.isfinite(norm).item():
+        loss_ok = torch.isfinite(losses[0]).to(losses.dtype)
+        ok = loss_ok * torch.isfinite(norm).to(losses.dtype)
+        if self.device_skip:
+            self.opt.found_inf = (1.0 - ok).float()  # read by the fused step: 1 skips it
+            self.opt.step()
+            self.opt.found_inf = None
+        stats = torch.cat([losses, torch.stack([ok, loss_ok])]).tolist()  # the one read back
+        self.read = stats[:2]
+        if stats[2]:
+            if not self.device_skip:
+                self.opt.step()
+            self.sched.step()
+            self.opt.zero_grad(set_to_none=True)
             p.bad_in_row = 0
             return True
         self.opt.zero_grad(set_to_none=True)
         p.skipped += 1
         p.bad_in_row += 1
         log.warning("step %d: non-finite %s; update skipped (%d in a row, %d in all)",
-                    p.step + 1, "loss" if not math.isfinite(losses[0].item()) else "gradient",
-                    p.bad_in_row, p.skipped)
+                    p.step + 1, "gradient" if stats[3] else "loss", p.bad_in_row, p.skipped)
         self.on_log(p.step, {"train/skipped_steps": p.skipped})
         if p.bad_in_row >= cfg.max_bad_steps:
             path = self.save()
@@ -270,17 +291,13 @@ class Trainer:
             started = time.perf_counter()
             losses, n_tokens = self.forward_backward(group)
             p.update += 1
-            if not self.finite(losses):
+            # reading the losses back waits for the step's queued device work: inside the
+            # timed window, so that train_seconds, tok/s and trainer.max_time count it
+            if not self.clip_and_step(losses):
                 continue
-            self.opt.step()
-            self.sched.step()
-            self.opt.zero_grad(set_to_none=True)
             p.step += 1
             p.tokens += n_tokens
-            # reading the losses back waits for the step's queued device work (on CUDA the
-            # optimizer's kernels run after clip_grad's sync): inside the timed window, so that
-            # train_seconds, tok/s and trainer.max_time count it
-            loss, nll = losses[0].item(), losses[1].item()
+            loss, nll = self.read
             elapsed = time.perf_counter() - started
             p.train_seconds += elapsed
             w = p.window

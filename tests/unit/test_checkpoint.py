@@ -171,6 +171,9 @@ def test_non_finite_steps_are_skipped_and_counted(tmp_path, caplog):
     assert result.skipped_steps == 2 and result.steps == 8
     assert "non-finite loss; update skipped" in caplog.text
     assert all(torch.isfinite(p).all() for p in model.parameters())
+    # the fused optimizer skipped them on the device: Adam counted 8 updates, not 10
+    state, _ = checkpoint.latest(tmp_path)
+    assert {float(s["step"]) for s in state["optimizer"]["state"].values()} == {8.0}
 
 
 def test_a_run_of_non_finite_steps_stops_with_a_checkpoint_from_before(tmp_path):
