@@ -14,8 +14,9 @@ Two steps, from the repository root:
 packages: pip --no-deps --target) only where heads-lab's dependencies are missing, then runs its
 parts in order, each with its share of the time left, and cuts (saying so) a part that would
 overrun: the CUDA tests (`pytest -m cuda tests/cuda`), `heads-lab bench` at d_model 512, 6+6
-layers in bf16 against torch.nn.Transformer (with a torch.compile row), and the table_a preset
-(h = 1, 4, 8, 16, 32 × seeds 1-3) as several jobs at once on the one GPU, with its report.
+layers in bf16 against torch.nn.Transformer (with trainer.compile and trainer.capture rows), a
+profile of one training step, and the table_a preset (h = 1, 4, 8, 16, 32 × seeds 1-3) as
+several jobs at once on the one GPU, with its report.
 Everything lands in --out: summary.md (the parts, their times and outcomes), gpu_check.json,
 cuda_tests.xml, bench.json, table_a/ (runs, report.md/.csv/.png), logs/.
 

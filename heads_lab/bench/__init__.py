@@ -34,7 +34,8 @@ def main(args: list[str]) -> int:
     parser.add_argument("--batch", type=int, default=64, help="pairs per step (64; larger on a GPU)")
     parser.add_argument("--length", type=int, default=20, help="tokens per sentence")
     parser.add_argument("--compile", action="store_true",
-                        help="add mha h=8 with its training forward compiled (trainer.compile)")
+                        help="add mha h=8 with its training forward compiled (trainer.compile) and "
+                        "with its whole step captured (trainer.capture)")
     parser.add_argument("--profile", choices=("train", "greedy", "beam"),
                         help="profile a training step or decoding (torch.profiler) of one model "
                              "(model.* overrides; default the small config, h=4): its Chrome "

@@ -21,6 +21,7 @@ from heads_lab.config.schemas import ModelConfig
 from heads_lab.data.tokenizer import EOS
 from heads_lab.model import Transformer, kernels
 from heads_lab.model.decode import beam_search, greedy
+from heads_lab.training.captured import CapturedLoss
 from heads_lab.training.device import autocast, synchronize
 from heads_lab.training.loop import adam
 
@@ -34,6 +35,7 @@ class Variant:
     precision: str = "fp32"
     baseline: bool = False  # torch.nn.Transformer at the same dims
     compile: bool = False  # the training forward through torch.compile, as trainer.compile=true
+    capture: bool = False  # forward, loss and backward compiled as one, as trainer.capture=true
     talking_heads_path: str | None = None  # "explicit" / "folded" (model.kernels); None: auto
     times: list[float] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)  # per token, every step in order
@@ -77,14 +79,19 @@ class Workload:
         return tuple(t.to(self.torch_device) for t in (src, tgt_in, tgt_out))
 
 
-def train_step(model, opt, precision: str, src, tgt_in, tgt_out, net=None) -> float:
+def train_step(model, opt, precision: str, src, tgt_in, tgt_out, net=None,
+               captured: CapturedLoss | None = None) -> float:
     """One Adam step on the batch; returns the label-smoothed loss per target token (reading
     it back waits for the device, so a step's time is the step's). `net`: the model's compiled
-    forward (trainer.compile), else the model's own encode/decode."""
-    with autocast(src.device, precision):
-        hidden = (net(src, tgt_in, hidden_only=True) if net is not None
-                  else model.decode(tgt_in, model.encode(src)))
-        loss, _ = model.loss(hidden.reshape(-1, hidden.shape[-1]), tgt_out, 0.1)
+    forward (trainer.compile), else the model's own encode/decode; `captured`: forward and loss
+    as trainer.capture compiles them."""
+    if captured is not None:
+        loss, _ = captured(src, tgt_in, tgt_out)
+    else:
+        with autocast(src.device, precision):
+            hidden = (net(src, tgt_in, hidden_only=True) if net is not None
+                      else model.decode(tgt_in, model.encode(src)))
+            loss, _ = model.loss(hidden.reshape(-1, hidden.shape[-1]), tgt_out, 0.1)
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
@@ -111,13 +118,16 @@ def train_throughput(variants: list[Variant], work: Workload, steps: int = 10, w
         torch.manual_seed(seed)
         model = v.build(work.vocab, work.torch_device).train()
         net = torch.compile(model, dynamic=True) if v.compile else None
-        runs.append((v, model, _optimizer(model, v.baseline), net))
+        captured = (CapturedLoss(model, model, 0.1, v.precision, work.torch_device)
+                    if v.capture else None)
+        runs.append((v, model, _optimizer(model, v.baseline), net, captured))
     for i in range(warmup + steps):
-        for v, model, opt, net in runs:
+        for v, model, opt, net, captured in runs:
             for _ in range(per_turn):
                 started = time.perf_counter()
                 with v.path():
-                    loss = train_step(model, opt, v.precision, src, tgt_in, tgt_out, net)
+                    loss = train_step(model, opt, v.precision, src, tgt_in, tgt_out, net,
+                                      captured)
                 elapsed = time.perf_counter() - started
                 v.losses.append(loss)
             if i >= warmup:

@@ -43,8 +43,9 @@ def variants(model: ModelConfig, quick: bool = False, precision: str = "fp32",
              compile: bool = False) -> list[Variant]:
     """Every row in fp32 plus each variant at h = 8 in bf16 (the CPU table); with
     `precision="bf16"` (a GPU's table) every row in bf16, torch.nn.Transformer too, plus
-    multi-head h = 8 in fp32 for the loss-curve check. `compile`: multi-head h = 8 once more
-    with its training forward compiled (trainer.compile=true)."""
+    multi-head h = 8 in fp32 for the loss-curve check. `compile`: multi-head h = 8 twice more,
+    with its training forward compiled (trainer.compile=true) and with forward, loss and
+    backward compiled as one (trainer.capture=true; CUDA graphs on a GPU)."""
     def with_(**kw) -> ModelConfig:
         return dataclasses.replace(model, **kw)
 
@@ -61,6 +62,7 @@ def variants(model: ModelConfig, quick: bool = False, precision: str = "fp32",
         other.append(Variant("mha h=8 fp32", with_(heads=8)))
     if compile:
         other.append(Variant(f"{MHA8} compiled", with_(heads=8), precision=main, compile=True))
+        other.append(Variant(f"{MHA8} captured", with_(heads=8), precision=main, capture=True))
     if not quick or main == "bf16":  # talking heads through one fused kernel (the GPU's table
         # too, quick or not: model.kernels.folded_talking_heads is measured there)
         other.append(Variant("talking_heads h=8 folded", with_(
@@ -87,7 +89,7 @@ def run(model: ModelConfig, steps: int = 10, warmup: int = 3, quick: bool = Fals
         row["mfu"] = row["gflops_per_s"] / ceilings[v.precision]
         if peak:
             row["peak_mb"] = peak_memory_mb(v, work)
-        if decode and not v.compile:  # decoding stays eager: the mha h=8 row is this one's
+        if decode and not (v.compile or v.capture):  # decoding stays eager: the mha h=8 row is this one's
             caches = (False,) if v.baseline else (True, False) if v.name == MHA8 else (True,)
             for use_cache in caches:
                 suffix = "" if use_cache else "_uncached"

@@ -212,9 +212,10 @@ def written_before(flat: dict[str, Any]) -> dict[str, Any]:
     return before | ({"model.mix_init": "identity"} if len(counts) > 1 else {})
 
 
-# settings added (2026-11-26) whose default is what every earlier run did, and is not None: a
-# config written before them stands for these values (so a report row and a resume match)
-ADDED_WITH_DEFAULTS = {"data.train_fraction": 1.0, "eval.checkpoint": "last"}
+# settings added (2026-11-26, -27) whose default is what every earlier run did, and is not None:
+# a config written before them stands for these values (so a report row and a resume match)
+ADDED_WITH_DEFAULTS = {"data.train_fraction": 1.0, "eval.checkpoint": "last",
+                       "trainer.capture": False, "trainer.pad_multiple": 1}
 
 
 def is_among(key: str, prefixes) -> bool:

@@ -130,6 +130,13 @@ class TrainerConfig:
     compile: bool = opt(False,
         "torch.compile the training forward (decoding stays eager): 1.30x eager on an H200, "
         "0.86x on this project's CPU (README, On a GPU)")
+    capture: bool = opt(False,
+        "the whole step's forward, loss and backward as one compiled function with static "
+        "shapes (CUDA graphs on a GPU: mode=reduce-overhead), for GPUs; pair it with "
+        "pad_multiple (e.g. 8). Slower than eager on a CPU (README, On a GPU)")
+    pad_multiple: int = opt(1,
+        "pad each training batch's rows and source and target lengths to a multiple of this "
+        "(1: no padding), so a captured step meets few shapes")
     save_checkpoint: bool = opt(True, "write checkpoints (run_dir/checkpoints/) at all")
     save_every: int = opt(500,
         "steps between checkpoints; also saved at the end, at each new best validation and on "

@@ -136,6 +136,12 @@ def _check_data(d, t, m) -> None:
         f"(data.max_len={d.max_len} + EOS): raise trainer.max_tokens or lower data.max_len",
     )
     _check(d.max_len + 2 <= m.max_positions, "data.max_len + 2 must not exceed model.max_positions")
+    _check(t.pad_multiple >= 1, f"trainer.pad_multiple={t.pad_multiple} must be >= 1 (1: no "
+           "padding; 8 suits a captured step on a GPU)")
+    _check(-(-(d.max_len + 2) // t.pad_multiple) * t.pad_multiple <= m.max_positions,
+           f"trainer.pad_multiple={t.pad_multiple} pads the longest sentence (data.max_len + 2 = "
+           f"{d.max_len + 2}) past model.max_positions={m.max_positions}: lower "
+           "trainer.pad_multiple or raise model.max_positions")
     _check(d.vocab_size >= 16, f"data.vocab_size={d.vocab_size} must be >= 16")
     c = d.cleaning
     _check(c.max_ratio is None or c.max_ratio >= 1,

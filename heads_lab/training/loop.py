@@ -22,6 +22,7 @@ from heads_lab.data import Split, collate, epoch_batches
 from heads_lab.errors import CheckpointError
 from heads_lab.model import Transformer
 from heads_lab.training import checkpoint
+from heads_lab.training.captured import CapturedLoss, pad_batch
 from heads_lab.training.checkpoint import Checkpoints
 from heads_lab.training.device import autocast
 from heads_lab.training.evaluate import perplexity
@@ -112,7 +113,11 @@ class Trainer:
         self.checkpoints, self.stop_requested = checkpoints, stop_requested
         self.parallel, self.extra = parallel, extra
         self.net = parallel.wrap(model) if parallel else model  # DistributedDataParallel on ranks
-        if cfg.compile:  # the training forward only: checkpoints, validation, decoding use `model`
+        # trainer.capture compiles forward, loss and backward (training.captured); else
+        # trainer.compile the training forward only: checkpoints, validation, decoding use `model`
+        self.captured = (CapturedLoss(self.net, model, cfg.label_smoothing, cfg.precision, device)
+                         if cfg.capture else None)
+        if cfg.compile and not cfg.capture:
             self.net = torch.compile(self.net, dynamic=True)
         self.opt = adam(model, cfg.lr, tuple(cfg.adam_betas), cfg.adam_eps, cfg.weight_decay,
                         cfg.position_bias_lr, extra)
@@ -188,13 +193,16 @@ class Trainer:
         n_tokens = int(sum(self.train_split.tgt_lens[ids].sum() for ids in group))  # all ranks
         losses = torch.zeros(2, dtype=self.sum_dtype, device=self.device)
         for i, ids in enumerate(mine):
-            batch = collate(self.train_split, ids).to(self.device)
-            keep = batch.tgt_out != model.pad_id  # score only real target positions
+            batch = pad_batch(collate(self.train_split, ids), cfg.pad_multiple).to(self.device)
             with parallel.no_sync(self.net, last=i == len(mine) - 1) if parallel else \
                     nullcontext():
-                with autocast(self.device, cfg.precision):
-                    hidden = self.net(batch.src, batch.tgt_in, hidden_only=True)[keep]
-                    loss, nll = model.loss(hidden, batch.tgt_out[keep], cfg.label_smoothing)
+                if self.captured is not None:
+                    loss, nll = self.captured(batch.src, batch.tgt_in, batch.tgt_out)
+                else:
+                    keep = batch.tgt_out != model.pad_id  # score only real target positions
+                    with autocast(self.device, cfg.precision):
+                        hidden = self.net(batch.src, batch.tgt_in, hidden_only=True)[keep]
+                        loss, nll = model.loss(hidden, batch.tgt_out[keep], cfg.label_smoothing)
                 # the gradient of the mean over the whole update (DDP averages over ranks)
                 (loss / (n_tokens / world) if weight else loss * 0.0).backward()
             if self.extra is not None and i == 0:  # once per update

@@ -75,6 +75,9 @@ def test_choices_are_checked_when_composing_and_name_the_choices(override, choic
     (["model.heads=-2"], "model.heads=-2 must be a positive integer"),
     (["model.dropout=1.0"], "model.dropout=1.0 must be in [0, 1)"),
     (["eval.beam=0"], "eval.beam=0 must be >= 1"),
+    (["trainer.pad_multiple=0"], "trainer.pad_multiple=0 must be >= 1"),
+    (["trainer.pad_multiple=16", "data.max_len=60", "model.max_positions=63"],
+     "trainer.pad_multiple=16 pads the longest sentence"),
     (["trainer.max_steps=null"], "trainer.max_steps and trainer.max_epochs are both null"),
     (["trainer.max_tokens=64"], "trainer.max_tokens=64 is smaller than the longest allowed"),
     (["data.p_plural=1.5"], "data.p_plural=1.5 must be a probability"),
@@ -120,8 +123,10 @@ def test_a_config_written_before_new_settings_stands_for_their_old_behaviour():
     from heads_lab.config.compose import written_before
 
     old = {"model.attention": "mha", "model.heads": 8, "trainer.max_steps": 1000}
-    assert written_before(old) == {"data.train_fraction": 1.0, "eval.checkpoint": "last"}
-    new = {**old, "data.train_fraction": 0.1, "eval.checkpoint": "best"}
+    assert written_before(old) == {"data.train_fraction": 1.0, "eval.checkpoint": "last",
+                                   "trainer.capture": False, "trainer.pad_multiple": 1}
+    new = {**old, "data.train_fraction": 0.1, "eval.checkpoint": "best",
+           "trainer.capture": True, "trainer.pad_multiple": 8}
     assert written_before(new) == {}  # present keys are never overridden
     talking = {"model.attention": "talking_heads", "model.heads": 4, "model.heads_v": 8}
     assert written_before(talking)["model.mix_init"] == "identity"

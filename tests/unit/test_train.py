@@ -120,6 +120,57 @@ def test_compiled_training_follows_eager_training_and_keeps_the_checkpoint_keys(
     assert compiled.train_loss == pytest.approx(eager.train_loss, rel=1e-4)
 
 
+@pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)
+def test_captured_step_follows_eager_training_on_padded_batches():
+    """trainer.capture=true (forward, full-shape loss and backward in one compiled function)
+    with trainer.pad_multiple=8 trains the same model as the eager step, within float
+    rounding: dropout off, so padding, the loss's summation order and the compiled kernels
+    are all that differ. The padded rows and positions take no part."""
+    from torch._dynamo.utils import counters
+
+    split = _split(120)
+    cfg = dict(max_steps=10, max_tokens=256, lr=3e-3, warmup_steps=4, valid_every=5, log_every=5)
+    eager = train(_model(dropout=0.0), split, split, TrainerConfig(**cfg), seed=3, device=CPU)
+    torch._dynamo.reset()
+    counters.clear()
+    captured = train(_model(dropout=0.0), split, split,
+                     TrainerConfig(capture=True, pad_multiple=8, **cfg), seed=3, device=CPU)
+    assert counters["stats"]["unique_graphs"] >= 1  # really compiled
+    assert [h["step"] for h in captured.history] == [h["step"] for h in eager.history]
+    for a, b in zip(eager.history, captured.history):
+        assert b["valid/loss"] == pytest.approx(a["valid/loss"], rel=1e-4)
+    assert captured.train_loss == pytest.approx(eager.train_loss, rel=1e-4)
+    assert eager.history[-1]["valid/loss"] < eager.history[0]["valid/loss"]  # it learned
+
+
+def test_padded_batches_give_the_same_loss_and_gradients():
+    """pad_batch adds empty rows (source EOS, target input BOS, targets all padding) and
+    padding positions: in float64 the summed loss and every gradient equal the unpadded
+    batch's, and no attention row is fully masked (the loss stays finite)."""
+    from heads_lab.data.batching import collate
+    from heads_lab.training.captured import pad_batch
+
+    split = _split(30)
+    batch = collate(split, np.arange(5))
+    padded = pad_batch(batch, 8)
+    assert padded.src.shape[0] == 8 and padded.src.shape[1] % 8 == 0
+    assert padded.tgt_in.shape[1] % 8 == 0 and padded.tgt_in.shape == padded.tgt_out.shape
+    assert pad_batch(batch, 1) is batch
+    model = _model(dropout=0.0).double()
+    grads = []
+    for b in (batch, padded):
+        model.zero_grad()
+        keep = b.tgt_out != model.pad_id
+        hidden = model(b.src, b.tgt_in, hidden_only=True)[keep]
+        loss, nll = model.loss(hidden, b.tgt_out[keep], 0.1)
+        loss.backward()
+        grads.append((loss.item(), [p.grad.clone() for p in model.parameters()]))
+    assert math.isfinite(grads[1][0])
+    assert grads[1][0] == pytest.approx(grads[0][0], rel=1e-12)
+    for a, b in zip(grads[0][1], grads[1][1]):
+        torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-12)
+
+
 def test_bf16_is_refused_on_a_cpu_without_native_bf16(monkeypatch):
     import heads_lab.training.device as device
     from heads_lab.errors import ConfigError
