@@ -136,6 +136,8 @@ def _check_data(d, t, m) -> None:
         f"(data.max_len={d.max_len} + EOS): raise trainer.max_tokens or lower data.max_len",
     )
     _check(d.max_len + 2 <= m.max_positions, "data.max_len + 2 must not exceed model.max_positions")
+    _check(not (t.compile and t.capture), "trainer.compile=true and trainer.capture=true: "
+           "capture compiles the whole step itself; set trainer.compile=false")
     _check(t.pad_multiple >= 1, f"trainer.pad_multiple={t.pad_multiple} must be >= 1 (1: no "
            "padding; 8 suits a captured step on a GPU)")
     _check(-(-(d.max_len + 2) // t.pad_multiple) * t.pad_multiple <= m.max_positions,

@@ -133,6 +133,8 @@ class Trainer:
         self.sum_dtype = torch.float32 if device.type == "mps" else torch.float64
         self.device_skip = bool(self.opt.defaults.get("fused"))  # see clip_and_step
         self.read: list[float] = [math.nan, math.nan]
+        if self.captured is not None:
+            self.zero_grad()  # gradients allocated before the first captured backward
 
     def resume(self) -> None:
         """Continue from the newest valid checkpoint (resume=auto), if there is one."""
@@ -227,18 +229,20 @@ class Trainer:
         ok = loss_ok * torch.isfinite(norm).to(losses.dtype)
         if self.device_skip:
             self.opt.found_inf = (1.0 - ok).float()  # read by the fused step: 1 skips it
-            self.opt.step()
-            self.opt.found_inf = None
+            try:
+                self.opt.step()
+            finally:
+                self.opt.found_inf = None
         stats = torch.cat([losses, torch.stack([ok, loss_ok])]).tolist()  # the one read back
         self.read = stats[:2]
         if stats[2]:
             if not self.device_skip:
                 self.opt.step()
             self.sched.step()
-            self.opt.zero_grad(set_to_none=True)
+            self.zero_grad()
             p.bad_in_row = 0
             return True
-        self.opt.zero_grad(set_to_none=True)
+        self.zero_grad()
         p.skipped += 1
         p.bad_in_row += 1
         log.warning("step %d: non-finite %s; update skipped (%d in a row, %d in all)",
@@ -252,6 +256,20 @@ class Trainer:
                 f"{p.step}{kept}; lower trainer.lr, raise trainer.warmup_steps or set "
                 "trainer.clip_norm (e.g. 1.0), then start a new run")
         return False
+
+    def zero_grad(self) -> None:
+        """Gradients back to none, or with trainer.capture to zero in place: a captured
+        backward's gradients live in its CUDA graph's memory, which the next micro-batch's
+        replay overwrites, so they must accumulate into tensors allocated outside the graph
+        (PyTorch's advice for gradient accumulation under CUDA graphs)."""
+        if self.captured is None:
+            self.opt.zero_grad(set_to_none=True)
+            return
+        for param in self.model.parameters():
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            else:
+                param.grad.zero_()
 
     def log_window(self, n_updates: int) -> None:
         """train/* metrics of the updates since the last log, every log_every steps."""

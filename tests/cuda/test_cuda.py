@@ -143,16 +143,18 @@ def test_bf16_training_follows_the_fp32_loss_curve_on_the_device(device):
     assert valid16[-1]["valid/loss"] < valid16[0]["valid/loss"] - 0.1  # it learns
 
 
-def test_captured_step_follows_the_eager_step_on_the_device(device):
+@pytest.mark.parametrize("update_freq", [1, 2])
+def test_captured_step_follows_the_eager_step_on_the_device(device, update_freq):
     """trainer.capture=true with pad_multiple=8 (on CUDA: cudagraph trees replaying forward,
     loss and backward, the fused Adam skipping non-finite updates on the device) trains as the
-    eager step does, in bf16, within its tolerance, with one read back per update; the graphs
-    really ran (dynamo compiled at least one)."""
+    eager step does, in bf16, within its tolerance, also accumulating two micro-batches per
+    update (whose gradients must outlive the next replay); dynamo compiled a graph and, on
+    CUDA, no part of it fell back from CUDA graphs."""
     from torch._dynamo.utils import counters
 
     split = _reverse_split(300)
-    common = dict(max_steps=30, max_tokens=256, lr=3e-3, warmup_steps=10, valid_every=10,
-                  log_every=10, precision="bf16")
+    common = dict(max_steps=30, max_tokens=128, lr=3e-3, warmup_steps=10, valid_every=10,
+                  log_every=10, precision="bf16", update_freq=update_freq)
     runs = {}
     for capture in (False, True):
         torch._dynamo.reset()
@@ -162,6 +164,7 @@ def test_captured_step_follows_the_eager_step_on_the_device(device):
                               TrainerConfig(capture=capture, pad_multiple=8 if capture else 1,
                                             **common), seed=3, device=device)
     assert counters["stats"]["unique_graphs"] >= 1
+    assert counters["inductor"]["cudagraph_skips"] == 0
     eager, captured = runs[False], runs[True]
     assert [h["step"] for h in captured.history] == [h["step"] for h in eager.history]
     for a, b in zip(eager.history, captured.history, strict=True):

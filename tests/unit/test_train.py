@@ -129,7 +129,8 @@ def test_captured_step_follows_eager_training_on_padded_batches():
     from torch._dynamo.utils import counters
 
     split = _split(120)
-    cfg = dict(max_steps=10, max_tokens=256, lr=3e-3, warmup_steps=4, valid_every=5, log_every=5)
+    cfg = dict(max_steps=10, max_tokens=128, lr=3e-3, warmup_steps=4, valid_every=5, log_every=5,
+               update_freq=2)  # accumulating into the gradients allocated before capture
     eager = train(_model(dropout=0.0), split, split, TrainerConfig(**cfg), seed=3, device=CPU)
     torch._dynamo.reset()
     counters.clear()
