@@ -195,16 +195,23 @@ class Trainer:
         n_tokens = int(sum(self.train_split.tgt_lens[ids].sum() for ids in group))  # all ranks
         losses = torch.zeros(2, dtype=self.sum_dtype, device=self.device)
         for i, ids in enumerate(mine):
-            batch = pad_batch(collate(self.train_split, ids), cfg.pad_multiple).to(self.device)
+            batch = pad_batch(collate(self.train_split, ids), cfg.pad_multiple)
+            # the real target positions, found on the host: a boolean mask on the device would
+            # make the host wait for it (the same rows, in the same order, as hidden[keep])
+            keep = (batch.tgt_out != model.pad_id).flatten().nonzero().squeeze(1)
+            target = batch.tgt_out.flatten()[keep]
+            batch = batch.to(self.device)
+            keep, target = (t.to(self.device, non_blocking=self.device.type == "cuda")
+                            for t in (keep, target))
             with parallel.no_sync(self.net, last=i == len(mine) - 1) if parallel else \
                     nullcontext():
                 if self.captured is not None:
                     loss, nll = self.captured(batch.src, batch.tgt_in, batch.tgt_out)
                 else:
-                    keep = batch.tgt_out != model.pad_id  # score only real target positions
                     with autocast(self.device, cfg.precision):
-                        hidden = self.net(batch.src, batch.tgt_in, hidden_only=True)[keep]
-                        loss, nll = model.loss(hidden, batch.tgt_out[keep], cfg.label_smoothing)
+                        hidden = self.net(batch.src, batch.tgt_in, hidden_only=True)
+                        hidden = hidden.flatten(0, 1).index_select(0, keep)
+                        loss, nll = model.loss(hidden, target, cfg.label_smoothing)
                 # the gradient of the mean over the whole update (DDP averages over ranks)
                 (loss / (n_tokens / world) if weight else loss * 0.0).backward()
             if self.extra is not None and i == 0:  # once per update
