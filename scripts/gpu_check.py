@@ -14,11 +14,12 @@ Two steps, from the repository root:
 packages: pip --no-deps --target) only where heads-lab's dependencies are missing, then runs its
 parts in order, each with its share of the time left, and cuts (saying so) a part that would
 overrun: the CUDA tests (`pytest -m cuda tests/cuda`), `heads-lab bench` at d_model 512, 6+6
-layers in bf16 against torch.nn.Transformer (with trainer.compile and trainer.capture rows), a
-profile of one training step, and the table_a preset (h = 1, 4, 8, 16, 32 × seeds 1-3) as
+layers in bf16 against torch.nn.Transformer (with trainer.compile and trainer.capture rows), the
+same training at a paper-sized batch (25,600 target tokens a step), a profile of one training
+step, and the table_a preset (h = 1, 4, 8, 16, 32 × seeds 1-3) as
 several jobs at once on the one GPU, with its report.
 Everything lands in --out: summary.md (the parts, their times and outcomes), gpu_check.json,
-cuda_tests.xml, bench.json, table_a/ (runs, report.md/.csv/.png), logs/.
+cuda_tests.xml, bench.json, bench_large.json, profile.json, table_a/ (runs, report.md/.csv/.png), logs/.
 
 `--parts studies --study 'PRESET [OVERRIDE ...]'` (repeatable) runs other presets' whole sweeps
 the same way, one after another while time is left, each into <out>/<preset>/ with its report.
@@ -60,8 +61,10 @@ MULTI30K = ("train.", "val.", "test_2016_flickr.")  # de and en: the study's pai
 # below that while the later parts can still start).
 # Measured on an H200 (2026-11-26): tests 49 s, bench ~180 s (decoding and the compile row are
 # most of it), table_a 168 s for its 15 runs at once; on an H100 the tests took 48–54 s (a 230 s
-# budget's 20 % share, 46 s, cut them).
-GPU_PARTS = (("tests", 0.2, 30, 60), ("bench", 0.4, 60, 180), ("profile", 0.1, 20, 40),
+# budget's 20 % share, 46 s, cut them). Not yet measured: the captured-step CUDA tests (they
+# compile: tests' whole raised to 100 s) and bench_large (25,600 tokens a step, no decoding).
+GPU_PARTS = (("tests", 0.2, 30, 100), ("bench", 0.4, 60, 180), ("bench_large", 0.2, 40, 90),
+             ("profile", 0.1, 20, 40),
              ("table_a", 0.6, 120, 170), ("studies", 1.0, 120, 0))
 
 
@@ -109,8 +112,9 @@ def main(argv: list[str] | None = None) -> int:
                      help="seconds for the whole run (default 540: 9 min, inside a 10-min window)")
     run.add_argument("--site", default="/tmp/heads-lab-site", help="where missing wheels go")
     run.add_argument("--jobs", type=int, default=8, help="jobs at once on the GPU (table_a, studies)")
-    run.add_argument("--parts", default="tests,bench,profile,table_a",
-                     help="which parts, in order: tests, bench, profile, table_a, studies")
+    run.add_argument("--parts", default="tests,bench,bench_large,profile,table_a",
+                     help="which parts, in order: tests, bench, bench_large, profile, table_a, "
+                          "studies")
     run.add_argument("--study", action="append", default=[], metavar="'PRESET [OVERRIDE ...]'",
                      help="for the studies part (repeat it): a preset's whole sweep on the GPU, "
                           "with its overrides, e.g. 'kv_heads seed=1,2,3'; into <out>/<preset>/ "
@@ -340,6 +344,33 @@ class Check:
         met = [f"{name}: {value} ({'met' if ok else 'NOT met' if ok is False else '-'})"
                for name, value, ok in result["targets"][:3]]
         return "ok", "; ".join(met)
+
+    def bench_large(self, allowed: float):
+        """Training speed at a paper-sized batch (Vaswani et al.: ~25k target tokens a step;
+        here 800 pairs × 32 = 25,600), eager, compiled and captured, no decoding:
+        bench_large.json."""
+        if self.opts.cpu:
+            args = ["--batch", "8", "--length", "6", "--device", "cpu", "--precision", "fp32",
+                    "--steps", "1", "--warmup", "0", "model.d_model=32", "model.d_ff=64",
+                    "model.encoder_layers=1", "model.decoder_layers=1"]
+        else:
+            args = ["--batch", "800", "--length", "32", "--device", "cuda", "--precision",
+                    "bf16", "--steps", "10", "--warmup", "3", "--compile", "model.d_model=512",
+                    "model.d_ff=2048", "model.encoder_layers=6", "model.decoder_layers=6"]
+        json_path = self.out / "bench_large.json"
+        env, self.env = self.env, {k: v for k, v in self.env.items() if k != "HEADS_LAB_DATA"}
+        try:
+            proc = self.sh("bench_large", self.heads_lab(
+                "bench", "--quick", "--no-decode", *args, "--json", str(json_path)), allowed)
+        finally:
+            self.env = env
+        if proc.returncode or not json_path.is_file():
+            return "failed", f"exit {proc.returncode} (logs/bench_large.log)"
+        result = json.loads(json_path.read_text())
+        tokens = result["workload"]["batch"] * result["workload"]["length"]
+        rows = "; ".join(f"{r['name']} {r['tokens_per_s']:,.0f} tok/s (MFU {r['mfu']:.0%})"
+                         for r in result["rows"] if r["name"].startswith(("mha h=8", "torch.nn")))
+        return "ok", f"{tokens:,} target tokens a step: {rows}"
 
     def profile(self, allowed: float):
         """Where a training step's time goes on the device (heads-lab bench --profile train):

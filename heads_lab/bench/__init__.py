@@ -16,7 +16,8 @@ from heads_lab.errors import ConfigError
 from heads_lab.output.files import write_json
 
 USAGE = ("heads-lab bench [--quick] [--depth] [--profile {train,greedy,beam}] [--steps N] "
-         "[--device D] [--precision P] [--batch B] [--length L] [--compile] [--json FILE] "
+         "[--device D] [--precision P] [--batch B] [--length L] [--compile] [--no-decode] "
+         "[--json FILE] "
          "[--png FILE] [--trace FILE] [model.KEY=VALUE ...]")
 
 
@@ -36,6 +37,8 @@ def main(args: list[str]) -> int:
     parser.add_argument("--compile", action="store_true",
                         help="add mha h=8 with its training forward compiled (trainer.compile) and "
                         "with its whole step captured (trainer.capture)")
+    parser.add_argument("--no-decode", action="store_true",
+                        help="training only: no decoding columns (e.g. at a paper-sized batch)")
     parser.add_argument("--profile", choices=("train", "greedy", "beam"),
                         help="profile a training step or decoding (torch.profiler) of one model "
                              "(model.* overrides; default the small config, h=4): its Chrome "
@@ -71,7 +74,7 @@ def main(args: list[str]) -> int:
         work, precision = _workload(opts)
         result = suite.run(model, steps=opts.steps, warmup=opts.warmup, quick=opts.quick,
                            peak=not opts.quick, log=console.print, work=work, precision=precision,
-                           compile=opts.compile)
+                           compile=opts.compile, decode=not opts.no_decode)
         console.print(_table(result))
         console.print(_targets(result))
     write_json(Path(opts.json), result)

@@ -30,7 +30,8 @@ def test_dry_run_passes_every_part_and_says_how_long_each_took(dry_run):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "gpu_check.json").read_text())
     parts = {p["part"]: p for p in summary["parts"]}
-    assert list(parts) == ["install", "environment", "tests", "bench", "profile", "table_a"]
+    assert list(parts) == ["install", "environment", "tests", "bench", "bench_large", "profile",
+                           "table_a"]
     assert all(p["status"] == "ok" and p["seconds"] >= 0 for p in parts.values()), parts
     assert summary["total_s"] <= summary["budget_s"]
     assert "| table_a | ok |" in (out / "summary.md").read_text()
@@ -49,6 +50,8 @@ def test_dry_run_writes_the_bench_the_profile_and_the_study_report(dry_run):
     out, _ = dry_run
     profile = json.loads((out / "profile.json").read_text())
     assert profile["what"] == "train" and profile["rows"] and (out / "trace.json").is_file()
+    large = json.loads((out / "bench_large.json").read_text())
+    assert large["workload"]["batch"] == 8 and all("greedy" not in r for r in large["rows"])
     bench = json.loads((out / "bench.json").read_text())
     assert bench["device"] == "cpu" and {"torch.nn.Transformer h=8", "mha h=8"} <= {
         r["name"] for r in bench["rows"]}
