@@ -335,7 +335,53 @@ def plot(rows: list[Row], varying: list[str], split: str, out: Path) -> list[Pat
     second = out / "report_quality_vs_cost.png"
     fig.savefig(second, dpi=120)
     plt.close(fig)
-    return [first, second]
+    third = plot_valid_curves(rows, out / "report_valid_curves.png")
+    return [first, second] + ([third] if third else [])
+
+
+def valid_curves(rows: list[Row]) -> dict[str, tuple[list[int], list[float]]]:
+    """Each row's validation curve: {label: (steps, valid PPL)}, the mean over the row's runs
+    at the steps every one of them validated (results.json train.valid_history); rows whose
+    runs kept no history are left out."""
+    out = {}
+    for row in rows:
+        histories = [{h["step"]: h["valid/ppl"] for h in r.results.get("train", {}).get(
+            "valid_history") or []} for r in row.runs]
+        steps = sorted(set.intersection(*(set(h) for h in histories))) if histories else []
+        if steps:
+            out[row.label] = (steps, [statistics.fmean(h[s] for h in histories) for s in steps])
+    return out
+
+
+def plot_valid_curves(rows: list[Row], path: Path) -> Path | None:
+    """Valid PPL against training step, a line per row (mean over its seeds), log y: where
+    validation stops improving, and whether a step budget cut a row short (its best step is
+    marked). None where no run kept its validation history."""
+    import matplotlib  # lazy: start-up time (matplotlib), as in every figure module
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # lazy: start-up time (matplotlib), after use("Agg")
+
+    data = valid_curves(rows)
+    if not any(len(steps) > 1 for steps, _ in data.values()):
+        return None  # no curve: one validation per run at most
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for label, (steps, ppl) in data.items():
+        (line,) = ax.plot(steps, ppl, marker=".", markersize=3, label=label)
+        best = min(range(len(ppl)), key=ppl.__getitem__)
+        ax.plot(steps[best], ppl[best], marker="*", markersize=10, color=line.get_color())
+    ax.set_yscale("log")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("valid PPL (log scale)")
+    seeds = sorted({len(row.runs) for row in rows})
+    ax.set_title("valid PPL during training (★ its lowest; mean over "
+                 f"{'/'.join(map(str, seeds))} seed{'s' if seeds != [1] else ''})", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8, ncol=2 if len(data) > 6 else 1)
+    _tight(fig)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def _tight(fig) -> None:

@@ -17,9 +17,8 @@ from tests.conftest import TINY
 from tests.integration.test_cli import _assert_one_line_error, heads_lab
 
 # the preset trains in bf16, which CPUs without native bf16 refuse: fp32 runs on every CPU
-SMALL = [o for o in TINY if not o.startswith("trainer.max_steps")] + ["trainer.max_steps=12",
-                                                                      "data=synthetic",
-                                                                      "trainer.precision=fp32"]
+SMALL = [o for o in TINY if not o.startswith(("trainer.max_steps", "trainer.valid_every"))] + [
+    "trainer.max_steps=12", "trainer.valid_every=4", "data=synthetic", "trainer.precision=fp32"]
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +67,7 @@ def test_report_table_numbers_and_significance(sweep):
     assert "Vaswani et al. 2017 Table 3 (A)" in md and "| h=4 |" in md
     assert ("vs the base row (seed-matched hypotheses, on the base row's references only), on "
             "seeds 1, 2 (concatenated)") in md
-    for png in ("report_quality.png", "report_quality_vs_cost.png"):
+    for png in ("report_quality.png", "report_quality_vs_cost.png", "report_valid_curves.png"):
         assert (sweep / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -269,3 +268,24 @@ def test_runs_on_two_data_sets_get_a_table_each_short_labels_and_no_cross_pairin
                                             "data=local,h=1 (base)", "data=local,h=4"]
     assert "other test set" not in md  # each data set's rows are paired with its own base
     assert rows[3]["p vs base"] not in ("", "-")
+
+
+def test_valid_curves_are_each_rows_mean_over_its_seeds(sweep):
+    """report_valid_curves.png draws, per row, the mean valid PPL of its runs at each step they
+    all validated: the numbers read back from the runs' results.json."""
+    from heads_lab.commands.report import valid_curves
+    from heads_lab.commands.report_rows import collect, group
+
+    runs, _ = collect([sweep])
+    rows, _ = group(runs)
+    curves = valid_curves(rows)
+    results = [json.loads(p.read_text()) for p in sorted(sweep.rglob("results.json"))]
+    for h in (1, 4):
+        histories = [r["train"]["valid_history"] for r in results
+                     if r["config"]["model"]["heads"] == h]
+        steps, ppl = curves[f"h={h}"]
+        assert steps == [e["step"] for e in histories[0]] and len(steps) >= 2
+        for i, step in enumerate(steps):
+            want = sum(next(e["valid/ppl"] for e in hist if e["step"] == step)
+                       for hist in histories) / len(histories)
+            assert ppl[i] == pytest.approx(want, rel=1e-12)
