@@ -361,6 +361,7 @@ def plot_valid_curves(rows: list[Row], path: Path) -> Path | None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # lazy: start-up time (matplotlib), after use("Agg")
+    import matplotlib.ticker  # lazy: as above
 
     data = valid_curves(rows)
     if not any(len(steps) > 1 for steps, _ in data.values()):
@@ -371,8 +372,14 @@ def plot_valid_curves(rows: list[Row], path: Path) -> Path | None:
         best = min(range(len(ppl)), key=ppl.__getitem__)
         ax.plot(steps[best], ppl[best], marker="*", markersize=10, color=line.get_color())
     ax.set_yscale("log")
+    low = min(min(ppl) for _, ppl in data.values())
+    high = max(max(ppl) for _, ppl in data.values())
+    top = min(high, 3 * low) * 1.03  # the end of training readable: early, high PPL off the top
+    ax.set_ylim(low / 1.03, top)
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
     ax.set_xlabel("training step")
-    ax.set_ylabel("valid PPL (log scale)")
+    ax.set_ylabel("valid PPL (log scale" + (", cut at the top)" if top < high else ")"))
     seeds = sorted({len(row.runs) for row in rows})
     ax.set_title("valid PPL during training (★ its lowest; mean over "
                  f"{'/'.join(map(str, seeds))} seed{'s' if seeds != [1] else ''})", fontsize=10)
