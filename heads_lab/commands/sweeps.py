@@ -46,16 +46,46 @@ def is_multirun(overrides: list[str]) -> bool:
     return "-m" in overrides or "--multirun" in overrides
 
 
+def check_parses(overrides: list[str]) -> None:
+    """Every override parses as Hydra reads it, before anything checks or creates a dir from it:
+    an unquoted value holding '=' (a run dir named h=8) fails in one line naming the override
+    and the quoting that fixes it (Hydra says only "mismatched input '='")."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for item in overrides:
+        if item.startswith("-"):
+            continue
+        try:
+            parser.parse_override(item)
+        except HydraException as err:
+            raise ConfigError(
+                f"cannot read the override {item!r} ({str(err).strip().splitlines()[0]}): quote a "
+                "value that holds '=', ',' or spaces, e.g. 'hydra.sweep.dir=\"runs/h=8\"'"
+            ) from None
+
+
+def dir_override(item: str, key: str) -> Path | None:
+    """The dir an override `key=value` names, as Hydra reads the value (quotes removed); None
+    for another key or a value that is not one path (a sweep over dirs)."""
+    if not item.startswith(key + "="):
+        return None
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    value = OverridesParser.create().parse_override(item).value()
+    return Path(value) if isinstance(value, str) else None
+
+
 def refuse_finished_run_dir(overrides: list[str]) -> None:
     """An explicit `hydra.run.dir` holding a finished run fails before Hydra writes anything
     into it. An explicit `hydra.sweep.dir` may hold finished jobs of the same sweep (they are
     skipped), but not a finished run of any other config."""
     sweep = is_multirun(overrides)
-    key = "hydra.sweep.dir=" if sweep else "hydra.run.dir="
+    key = "hydra.sweep.dir" if sweep else "hydra.run.dir"
     for item in overrides:
-        if not item.startswith(key):
+        where = dir_override(item, key)
+        if where is None:
             continue
-        where = Path(item.split("=", 1)[1])
         finished = sorted(where.rglob("results.json")) if where.is_dir() else []
         if not finished:
             continue
@@ -111,9 +141,10 @@ def check_writable_run_dir(overrides: list[str]) -> None:
     from heads_lab.commands.train import ensure_writable  # lazy: start-up time (torch)
 
     for item in overrides:
-        if item.startswith(("hydra.run.dir=", "hydra.sweep.dir=")):
-            key, where = item.split("=", 1)
-            ensure_writable(Path(where), key)
+        for key in ("hydra.run.dir", "hydra.sweep.dir"):
+            where = dir_override(item, key)
+            if where is not None:
+                ensure_writable(where, key)
 
 
 def check_sweep(overrides: list[str]) -> None:
@@ -336,6 +367,7 @@ def prepare(overrides: list[str]) -> list[str]:
     h=8,seed=2). Returns the overrides for Hydra."""
     RERUN[:] = ["--rerun"] if "--rerun" in overrides else []
     overrides = [o for o in overrides if o != "--rerun"]
+    check_parses(overrides)
     refuse_finished_run_dir(overrides)  # a sweep may hold its own finished jobs (skipped)
     os.environ.pop(SWEEP_KEYS_ENV, None)
     if not is_multirun(overrides):

@@ -145,7 +145,7 @@ def test_unknown_command(tmp_path):
 
 def test_a_finished_run_is_never_overwritten(tiny_run_dir, tmp_path):
     before = (tiny_run_dir / "results.json").read_bytes()
-    proc = heads_lab("train", *TINY, f"hydra.run.dir={tiny_run_dir}", cwd=tmp_path)
+    proc = heads_lab("train", *TINY, f"hydra.run.dir='{tiny_run_dir}'", cwd=tmp_path)
     _assert_one_line_error(proc, "already holds a finished run")
     assert (tiny_run_dir / "results.json").read_bytes() == before
 
@@ -204,10 +204,37 @@ def test_a_failed_sweep_job_run_again_is_no_longer_failed(tmp_path):
 def test_a_sweep_dir_holding_finished_runs_is_refused(tiny_run_dir, tmp_path):
     before = {p: p.read_bytes() for p in tiny_run_dir.rglob("*") if p.is_file()}
     proc = heads_lab("train", "-m", *TINY, "model.heads=2,4",
-                     f"hydra.sweep.dir={tiny_run_dir.parent}", f"hydra.sweep.subdir={tiny_run_dir.name}",
+                     f"hydra.sweep.dir={tiny_run_dir.parent}", f"hydra.sweep.subdir='{tiny_run_dir.name}'",
                      cwd=tmp_path)
     _assert_one_line_error(proc, "already holds a finished run")
     assert {p: p.read_bytes() for p in tiny_run_dir.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.parametrize("multirun", [False, True])
+def test_an_unquoted_dir_holding_an_equals_sign_is_refused_naming_the_quoting(tmp_path, multirun):
+    """hydra.sweep.dir=runs/h=8 does not parse (Hydra: "mismatched input '='"): one line naming
+    the override and the quotes that fix it, and no dir made from the half-read path."""
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    proc = heads_lab("train", *(["-m"] if multirun else []), *TINY,
+                     f"{key}={tmp_path / 'runs' / 'seed=1,h=8'}", cwd=tmp_path)
+    _assert_one_line_error(proc, f"cannot read the override '{key}=")
+    assert "quote a value that holds '='" in proc.stderr
+    assert not (tmp_path / "runs").exists() and list(tmp_path.iterdir()) == []
+
+
+def test_a_quoted_run_dir_is_used_as_written(tmp_path):
+    """The quoted value is the dir: quotes removed before the dir checks (the earlier check
+    made a dir named '"' in the working dir)."""
+    from heads_lab.commands.sweeps import dir_override
+
+    assert dir_override('hydra.run.dir="/runs/h=8"', "hydra.run.dir") == Path("/runs/h=8")
+    assert dir_override("hydra.sweep.dir='/a/b=c,d=e'", "hydra.sweep.dir") == Path("/a/b=c,d=e")
+    assert dir_override("hydra.run.dir=/x", "hydra.sweep.dir") is None
+    proc = heads_lab("train", *TINY, "trainer.max_steps=1", "trainer.valid_every=1",
+                     f'hydra.run.dir="{tmp_path / "h=8"}"', cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "h=8" / "results.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["h=8"]
 
 
 @pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)
