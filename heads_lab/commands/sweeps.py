@@ -50,11 +50,13 @@ def check_parses(overrides: list[str]) -> None:
     """Every override parses as Hydra reads it, before anything checks or creates a dir from it:
     an unquoted value holding '=' (a run dir named h=8) fails in one line naming the override
     and the quoting that fixes it (Hydra says only "mismatched input '='")."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.overrides_parser import (  # lazy: start-up time (antlr)
+        OverridesParser,
+    )
 
     parser = OverridesParser.create()
     for item in overrides:
-        if item.startswith("-"):
+        if item.startswith("-") or "=" not in item:  # flags, and their values (--cfg job)
             continue
         try:
             parser.parse_override(item)
@@ -70,7 +72,9 @@ def dir_override(item: str, key: str) -> Path | None:
     for another key or a value that is not one path (a sweep over dirs)."""
     if not item.startswith(key + "="):
         return None
-    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.overrides_parser import (  # lazy: start-up time (antlr)
+        OverridesParser,
+    )
 
     value = OverridesParser.create().parse_override(item).value()
     return Path(value) if isinstance(value, str) else None
