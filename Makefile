@@ -37,10 +37,12 @@ test: install-dev  ## unit + integration tests, without the slow ones; the CUDA 
 	$(BIN)/python -m pytest -q -n $(PYTEST_JOBS) --dist loadscope -m "not slow" tests $(ARGS)
 	@# tests/cuda skip without a GPU; on the CPU (CPU against CPU, ~15 s) they still catch a
 	@# test that no longer matches the code (a renamed function went unseen until a GPU ran them)
-	HEADS_LAB_CUDA_TESTS_ON=cpu $(BIN)/python -m pytest -q -p no:cacheprovider -m cuda tests/cuda
+	HEADS_LAB_CUDA_TESTS_ON=cpu $(BIN)/python -m pytest -q -p no:cacheprovider -m "cuda and not slow" tests/cuda
 
 test-slow: install-dev  ## the long end-to-end tests (stop signals, resumes, two nodes), one at a time
 	$(BIN)/python -m pytest -q -m slow tests $(ARGS)
+	@# the CUDA tests that compile (captured step) on the CPU, as make test runs the others
+	HEADS_LAB_CUDA_TESTS_ON=cpu $(BIN)/python -m pytest -q -p no:cacheprovider -m "cuda and slow" tests/cuda
 
 bench: install  ## the speed table and its targets (a few minutes; writes bench.json)
 	$(BIN)/heads-lab bench $(ARGS)

@@ -143,6 +143,7 @@ def test_bf16_training_follows_the_fp32_loss_curve_on_the_device(device):
     assert valid16[-1]["valid/loss"] < valid16[0]["valid/loss"] - 0.1  # it learns
 
 
+@pytest.mark.slow  # compiles: on the CPU in `make test-slow`; on a GPU with every CUDA test
 @pytest.mark.parametrize("update_freq", [1, 2])
 def test_captured_step_follows_the_eager_step_on_the_device(device, update_freq):
     """trainer.capture=true with pad_multiple=8 (on CUDA: cudagraph trees replaying forward,
