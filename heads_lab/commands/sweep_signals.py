@@ -28,6 +28,15 @@ SWEEP_PID_ENV = "HEADS_LAB_SWEEP_PID"  # the sweep's own process, seen by its wo
 STOPPING = ".stopping"  # in the sweep dir while a stopping sweep waits for its jobs
 
 
+def dir_arg(key: str, path) -> str:
+    """`key=path` as a user types it into a shell so that Hydra reads it back: a path holding
+    '=', ',' or spaces quoted for Hydra inside quotes for the shell ("key='a=b'")."""
+    text = str(path)
+    if not any(c in text for c in "=, '\""):
+        return f"{key}={text}"
+    return f"\"{key}='{text}'\""
+
+
 def children(pid: int) -> list[int]:
     """The processes `pid` started itself (Linux /proc; elsewhere none): a sweep's workers, not
     the processes those start (a wandb service, say)."""
@@ -104,7 +113,7 @@ def forward_stop_signals():
     if forwarder.received:
         signum = forwarder.received[0]
         say_line(f"error: sweep stopped by {signal.Signals(signum).name}: run the same command "
-                 f"with hydra.sweep.dir={forwarder.sweep_dir} to resume (finished jobs are "
+                 f"with {dir_arg('hydra.sweep.dir', forwarder.sweep_dir)} to resume (finished jobs are "
                  "skipped, stopped ones resume from their checkpoints)")
         raise SystemExit(128 + signum)
 

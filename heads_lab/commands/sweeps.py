@@ -23,6 +23,7 @@ from heads_lab.commands.sweep_signals import (
     STOPPING,
     SWEEP_PID_ENV,
     WORKER_LAUNCHERS,
+    dir_arg,
     in_worker,
     pass_on,
     say_line,
@@ -237,8 +238,8 @@ def user_errors(hydra_cfg):
             print(f"error: {err.stopped if requeued else err}", file=sys.stderr)
         else:
             job = job_label(list(hydra_cfg.overrides.task), hydra_cfg.job.num)
-            advice = ("" if requeued else "; run the same sweep command with hydra.sweep.dir="
-                      f"{hydra_cfg.sweep.dir} to resume it")
+            advice = ("" if requeued else "; run the same sweep command with "
+                      f"{dir_arg('hydra.sweep.dir', hydra_cfg.sweep.dir)} to resume it")
             say_line(f"error: job {hydra_cfg.job.num} ({job}): {err.stopped}{advice}")
             if in_worker():  # return: joblib would kill the other workers, mid-checkpoint
                 record_stopped(Path(hydra_cfg.runtime.output_dir), err.signal_name, job,

@@ -230,6 +230,14 @@ def test_a_quoted_run_dir_is_used_as_written(tmp_path):
     assert dir_override('hydra.run.dir="/runs/h=8"', "hydra.run.dir") == Path("/runs/h=8")
     assert dir_override("hydra.sweep.dir='/a/b=c,d=e'", "hydra.sweep.dir") == Path("/a/b=c,d=e")
     assert dir_override("hydra.run.dir=/x", "hydra.sweep.dir") is None
+    # the resume advice names a dir so that, typed into a shell, Hydra reads it back
+    import shlex
+
+    from heads_lab.commands.sweep_signals import dir_arg
+
+    for path in ("/runs/plain", "/runs/seed=1,h=8", "/runs/a b"):
+        (typed,) = shlex.split(dir_arg("hydra.sweep.dir", path))
+        assert dir_override(typed, "hydra.sweep.dir") == Path(path)
     proc = heads_lab("train", *TINY, "trainer.max_steps=1", "trainer.valid_every=1",
                      f'hydra.run.dir="{tmp_path / "h=8"}"', cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
