@@ -346,7 +346,8 @@ def valid_curves(rows: list[Row]) -> dict[str, tuple[list[int], list[float]]]:
     out = {}
     for row in rows:
         histories = [{h["step"]: h["valid/ppl"] for h in r.results.get("train", {}).get(
-            "valid_history") or []} for r in row.runs]
+            "valid_history") or [] if math.isfinite(h.get("valid/ppl", math.nan))}
+            for r in row.runs]  # a diverged validation (NaN) has no point
         steps = sorted(set.intersection(*(set(h) for h in histories))) if histories else []
         if steps:
             out[row.label] = (steps, [statistics.fmean(h[s] for h in histories) for s in steps])
@@ -374,13 +375,14 @@ def plot_valid_curves(rows: list[Row], path: Path) -> Path | None:
     ax.set_yscale("log")
     low = min(min(ppl) for _, ppl in data.values())
     high = max(max(ppl) for _, ppl in data.values())
-    top = min(high, 3 * low) * 1.03  # the end of training readable: early, high PPL off the top
+    # the end of training readable (early, high PPL off the top), every row's best point shown
+    top = min(high, max(3 * low, max(min(ppl) for _, ppl in data.values()))) * 1.03
     ax.set_ylim(low / 1.03, top)
     ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
     ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
     ax.set_xlabel("training step")
     ax.set_ylabel("valid PPL (log scale" + (", cut at the top)" if top < high else ")"))
-    seeds = sorted({len(row.runs) for row in rows})
+    seeds = sorted({len(row.runs) for row in rows if row.label in data})
     ax.set_title("valid PPL during training (★ its lowest; mean over "
                  f"{'/'.join(map(str, seeds))} seed{'s' if seeds != [1] else ''})", fontsize=10)
     ax.grid(alpha=0.3, which="both")

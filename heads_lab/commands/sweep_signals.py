@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import shlex
 import signal
 import sys
 import threading
@@ -29,12 +31,16 @@ STOPPING = ".stopping"  # in the sweep dir while a stopping sweep waits for its 
 
 
 def dir_arg(key: str, path) -> str:
-    """`key=path` as a user types it into a shell so that Hydra reads it back: a path holding
-    '=', ',' or spaces quoted for Hydra inside quotes for the shell ("key='a=b'")."""
+    """`key=path` as a user types it into a shell so that Hydra reads it back: a path with
+    anything but plain characters is quoted for Hydra ('...', its quotes escaped) and the whole
+    quoted again for the shell (no expansion of $, `, !)."""
     text = str(path)
-    if not any(c in text for c in "=, '\""):
+    if re.fullmatch(r"[A-Za-z0-9_./:+@%-]+", text):
         return f"{key}={text}"
-    return f"\"{key}='{text}'\""
+    tail = "\\" if text.endswith("\\") else ""  # Hydra escapes a backslash only before a
+    if "'" not in text:  # quote or at the end; Hydra's "..." inside the shell's '...'
+        return "'" + key + '="' + text.replace('"', '\\"') + tail + '"' + "'"
+    return shlex.quote(f"{key}='" + text.replace("'", "\\'") + tail + "'")
 
 
 def children(pid: int) -> list[int]:

@@ -55,9 +55,11 @@ def check_parses(overrides: list[str]) -> None:
         OverridesParser,
     )
 
+    if any(o.startswith("-") and o not in ("-m", "--multirun") for o in overrides):
+        return  # other Hydra flags (--cfg, --experimental-rerun ...) and their values: Hydra's
     parser = OverridesParser.create()
     for item in overrides:
-        if item.startswith("-") or "=" not in item:  # flags, and their values (--cfg job)
+        if "=" not in item:  # ~key
             continue
         try:
             parser.parse_override(item)
@@ -77,7 +79,12 @@ def dir_override(item: str, key: str) -> Path | None:
         OverridesParser,
     )
 
+    raw = item.split("=", 1)[1]
+    if "${" in raw:
+        return None  # an interpolation (${now:...}): Hydra makes that dir itself
     value = OverridesParser.create().parse_override(item).value()
+    if isinstance(value, (int, float, bool)):  # hydra.sweep.dir=2026 is the dir "2026"
+        return Path(raw)
     return Path(value) if isinstance(value, str) else None
 
 

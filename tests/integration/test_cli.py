@@ -235,7 +235,10 @@ def test_a_quoted_run_dir_is_used_as_written(tmp_path):
 
     from heads_lab.commands.sweep_signals import dir_arg
 
-    for path in ("/runs/plain", "/runs/seed=1,h=8", "/runs/a b"):
+    assert dir_override("hydra.sweep.dir=2026", "hydra.sweep.dir") == Path("2026")
+    assert dir_override("hydra.run.dir=out/${now:%H}", "hydra.run.dir") is None
+    for path in ("/runs/plain", "/runs/seed=1,h=8", "/runs/a b", "/runs/it's", '/runs/a"b',
+                 "/runs/$HOME`id`!", "/runs/ü#(x)~", "/runs/end\\"):
         (typed,) = shlex.split(dir_arg("hydra.sweep.dir", path))
         assert dir_override(typed, "hydra.sweep.dir") == Path(path)
     proc = heads_lab("train", *TINY, "trainer.max_steps=1", "trainer.valid_every=1",

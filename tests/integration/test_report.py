@@ -289,3 +289,21 @@ def test_valid_curves_are_each_rows_mean_over_its_seeds(sweep):
             want = sum(next(e["valid/ppl"] for e in hist if e["step"] == step)
                        for hist in histories) / len(histories)
             assert ppl[i] == pytest.approx(want, rel=1e-12)
+
+
+def test_valid_curves_skip_diverged_validations_and_show_every_rows_best(tmp_path):
+    """A NaN validation (a diverged step) has no point and breaks no axis; a row far above
+    another (another data set) keeps its best point inside the plot."""
+    from heads_lab.commands.report import plot_valid_curves, valid_curves
+    from heads_lab.commands.report_rows import Row, Run
+
+    def run(history):
+        return Run(tmp_path, {}, {}, {"train": {"valid_history": [
+            {"step": s, "valid/ppl": p} for s, p in history]}})
+
+    rows = [Row(("a",), "low", [run([(1, math.nan), (2, 10.0), (3, 5.0)])]),
+            Row(("b",), "high", [run([(1, 100.0), (2, 60.0), (3, 40.0)])])]
+    curves = valid_curves(rows)
+    assert curves["low"] == ([2, 3], [10.0, 5.0])
+    path = plot_valid_curves(rows, tmp_path / "curves.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
