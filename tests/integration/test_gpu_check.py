@@ -149,7 +149,9 @@ def test_a_small_budget_still_gives_a_part_the_time_it_takes_whole(tmp_path):
     gpu_check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu_check)
     parts = tuple(p for p in gpu_check.GPU_PARTS if p[0] in ("tests", "studies"))
-    assert gpu_check.allowance(parts, 0, 219.0, 230.0) == 60.0  # not 46
+    # not 46: its whole time (100 s), less what the studies need to start (219 - 120 = 99)
+    assert gpu_check.allowance(parts, 0, 219.0, 230.0) == 99.0
+    assert gpu_check.allowance(parts, 0, 400.0, 230.0) == 100.0  # its whole time
     assert gpu_check.allowance(parts, 0, 540.0, 540.0) == 108.0  # a large budget: its share
     assert gpu_check.allowance(parts, 0, 150.0, 230.0) == 30.0  # the studies must still start
     assert gpu_check.allowance(parts, 1, 159.0, 230.0) == 159.0  # the last: what is left
