@@ -225,7 +225,7 @@ def test_an_unquoted_dir_holding_an_equals_sign_is_refused_naming_the_quoting(tm
 def test_a_quoted_run_dir_is_used_as_written(tmp_path):
     """The quoted value is the dir: quotes removed before the dir checks (the earlier check
     made a dir named '"' in the working dir)."""
-    from heads_lab.commands.sweeps import dir_override
+    from heads_lab.commands.overrides import dir_override
 
     assert dir_override('hydra.run.dir="/runs/h=8"', "hydra.run.dir") == Path("/runs/h=8")
     assert dir_override("hydra.sweep.dir='/a/b=c,d=e'", "hydra.sweep.dir") == Path("/a/b=c,d=e")
