@@ -184,7 +184,7 @@ class Trainer:
 
     def forward_backward(self, group: list[np.ndarray]) -> tuple[torch.Tensor, int]:
         """Gradients of one update's batches (this rank's share); returns the summed (loss,
-        NLL) over all ranks, on the device (no read back here: see `update`), and the
+        NLL) over all ranks, on the device (no read back here: see `clip_and_step`), and the
         update's target tokens."""
         model, cfg, parallel = self.model, self.cfg, self.parallel
         world = self.world
