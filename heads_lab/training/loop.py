@@ -129,8 +129,6 @@ class Trainer:
         self.world, self.rank = (parallel.world, parallel.rank) if parallel else (1, 0)
         self.p = TrainState()
         self.resumed_from: int | None = None
-        # the update's losses are summed on the device, in float64 where it has them
-        self.sum_dtype = torch.float32 if device.type == "mps" else torch.float64
         self.device_skip = bool(self.opt.defaults.get("fused"))  # see clip_and_step
         self.read: list[float] = [math.nan, math.nan]
         if self.captured is not None:
@@ -193,16 +191,12 @@ class Trainer:
         mine, weight = ((group[self.rank::world], 1.0) if self.rank < len(group)
                         else (group[:1], 0.0))
         n_tokens = int(sum(self.train_split.tgt_lens[ids].sum() for ids in group))  # all ranks
-        losses = torch.zeros(2, dtype=self.sum_dtype, device=self.device)
+        losses = torch.zeros(2, dtype=torch.float64, device=self.device)
         for i, ids in enumerate(mine):
             batch = pad_batch(collate(self.train_split, ids), cfg.pad_multiple)
-            # the real target positions, found on the host: a boolean mask on the device would
-            # make the host wait for it (the same rows, in the same order, as hidden[keep])
-            keep = (batch.tgt_out != model.pad_id).flatten().nonzero().squeeze(1)
-            target = batch.tgt_out.flatten()[keep]
+            if self.captured is None:
+                keep, target = self.real_targets(batch)
             batch = batch.to(self.device)
-            keep, target = (t.to(self.device, non_blocking=self.device.type == "cuda")
-                            for t in (keep, target))
             with parallel.no_sync(self.net, last=i == len(mine) - 1) if parallel else \
                     nullcontext():
                 if self.captured is not None:
@@ -216,10 +210,19 @@ class Trainer:
                 (loss / (n_tokens / world) if weight else loss * 0.0).backward()
             if self.extra is not None and i == 0:  # once per update
                 self.extra.loss().backward()
-            losses += weight * torch.stack([loss.detach(), nll.detach()]).to(self.sum_dtype)
+            losses += weight * torch.stack([loss.detach(), nll.detach()]).to(torch.float64)
         if parallel:
             losses = parallel.sum(losses)
         return losses, n_tokens
+
+    def real_targets(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The real (non-pad) target positions of a host batch, flattened, and their tokens, on
+        the device: found on the host, since a boolean mask on the device would make the host
+        wait for it (the same rows, in the same order, as hidden[keep])."""
+        keep = (batch.tgt_out != self.model.pad_id).flatten().nonzero().squeeze(1)
+        target = batch.tgt_out.flatten()[keep]
+        nb = self.device.type == "cuda"
+        return keep.to(self.device, non_blocking=nb), target.to(self.device, non_blocking=nb)
 
     def clip_and_step(self, losses: torch.Tensor) -> bool:
         """Clip the gradient and apply the update, unless the loss or the gradient is not
