@@ -6,9 +6,10 @@ two PNGs (BLEU and PPL against the swept setting with error bars; quality agains
 the varied settings, the head shape (its variant's own kinds: h and kv_heads, or h_K, h and h_V;
 d_k, layers), parameters, valid PPL, test BLEU and chrF as mean ± std over seeds, tokens/s and peak
 memory (and the training pairs where rows differ in them), and sacrebleu's paired bootstrap p-value
-of its BLEU against the base row (the preset's
-`report.base`, else the first row), on the hypotheses of the seeds every row has (the note names
-them). Rows are in the order of their settings, the ones swept on the command line first. Runs that
+of its BLEU against the base row (the preset's `report.base`, else the first row), on the hypotheses
+of the seeds every row has (the note names them); where the preset's `report.x` is one of
+report.base's settings (heads_by_data), against the base at the row's own x (h = 8 at the same data
+size). Rows are in the order of their settings, the ones swept on the command line first. Runs that
 failed or never finished are listed, never averaged in; so are runs under another run's dir (a gates
 run under <run>/prune/). With `report.paper=table_a` the published Table 3 (A) numbers are printed
 beside ours, labelled as the paper's. With several dirs, the first one's runs set report.base and
@@ -33,13 +34,16 @@ from rich.console import Console
 from heads_lab.commands.report_rows import (
     NOT_APPLICABLE,
     SHAPE,
+    Comparison,
     Row,
     Run,
-    base_row,
     collect,
+    comparisons,
     data_sets,
     group,
     model_shape,
+    p_note,
+    p_text,
     paper_of,
     params_text,
     significance,
@@ -75,9 +79,11 @@ def main(args: list[str]) -> int:
     started = time.monotonic()
     tables = []  # one per data set, each with its own base row: p pairs one test set only
     for name, subset in data_sets(rows).items():
-        base = base_row(subset, runs)
-        p_seeds = significance(subset, base, split, opts.samples)
-        tables.append((name, render(subset, base, varying, split, paper_of(runs), p_seeds)))
+        x, tested = comparisons(subset, runs)
+        for c in tested:
+            if c.base is not None:
+                c.seeds = significance(c.rows, c.base, split, opts.samples)
+        tables.append((name, render(subset, tested, varying, split, paper_of(runs), x)))
     status.print(f"report: bootstrap done in {time.monotonic() - started:.0f} s")
     out = Path(opts.out or opts.dirs[0])
     out.mkdir(parents=True, exist_ok=True)
@@ -104,9 +110,11 @@ def main(args: list[str]) -> int:
     return 0
 
 
-def render(rows: list[Row], base: Row, varying: list[str], split: str,
-           paper: dict | None, p_seeds: list | None = None) -> dict[str, Any]:
-    """The table as header + string rows (shared by the console, Markdown and CSV)."""
+def render(rows: list[Row], tested: list[Comparison], varying: list[str], split: str,
+           paper: dict | None, x: str | None = None) -> dict[str, Any]:
+    """The table as header + string rows (shared by the console, Markdown and CSV). tested: the
+    rows' comparisons (report_rows.comparisons), one, or with x one per value of report.x."""
+    bases = [c.base for c in tested if c.base is not None]
     header = ["setting", *[name for name, _ in SHAPE], "params", "runs", "valid PPL",
               f"{split} BLEU", f"{split} chrF", "p vs base", "tok/s", "peak MB"]
     gated = any(k.startswith("heads_kept/") for row in rows for r in row.runs for k in r.metrics)
@@ -127,7 +135,7 @@ def render(rows: list[Row], base: Row, varying: list[str], split: str,
     for row in rows:
         c, m = row.runs[0].config, [r.metrics for r in row.runs]
         shape = shape_cells(row)
-        cells = [row.label + (" (base)" if row is base else ""), *shape,
+        cells = [row.label + (" (base)" if any(row is b for b in bases) else ""), *shape,
                  params_text([x.get("cost/params") for x in m]),
                  str(len(row.runs)), stat([x.get("valid/ppl") for x in m], 2),
                  stat([x.get(f"{split}/bleu") for x in m], 2),
@@ -153,14 +161,7 @@ def render(rows: list[Row], base: Row, varying: list[str], split: str,
     unused = [i for i in range(1, 1 + len(SHAPE)) if all(b[i] == NOT_APPLICABLE for b in body)]
     header = [x for i, x in enumerate(header) if i not in unused]  # e.g. h_K in table_a's
     body = [[x for i, x in enumerate(b) if i not in unused] for b in body]
-    note = ("mean ± std over the runs (seeds) of a row; p: sacrebleu paired bootstrap of BLEU "
-            "vs the base row (seed-matched hypotheses, on the base row's references only)")
-    if p_seeds:  # name them: where rows have different seeds, p uses only those all rows have
-        partial = any({r.config.get("seed") for r in row.runs} != set(p_seeds) for row in rows)
-        plural = "s" if len(p_seeds) > 1 else ""
-        note += (f", on seed{plural} {', '.join(map(str, p_seeds))}"
-                 + (f", the seed{plural} every row has" if partial else "")
-                 + (" (concatenated)" if plural else ""))
+    note = "mean ± std over the runs (seeds) of a row; " + p_note(tested, varying, x)
     if gated:  # runs from before prune.gate_eval existed kept heads by the binary rule
         rules = sorted({r.config.get("prune.gate_eval") or "binary" for row in rows
                         for r in row.runs if "heads_kept/enc-self" in r.metrics})
@@ -204,13 +205,6 @@ def joined(tables: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
             for _, t in tables for r in t["rows"]]
     return {"header": header, "rows": rows, "varying": tables[0][1]["varying"],
             "note": " / ".join(f"data={name}: {t['note']}" for name, t in tables)}
-
-
-def p_text(row: Row) -> str:
-    """The p column: the p-value, '-' where untested (the base row), or why there is none."""
-    if row.p_value is None:
-        return f"– ({row.p_reason})" if row.p_reason else "-"
-    return f"{row.p_value:.4f}" + (f" ({row.p_reason})" if row.p_reason else "")
 
 
 def budget_note(rows: list[Row], budgets: list[float]) -> str:

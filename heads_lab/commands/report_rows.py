@@ -194,13 +194,60 @@ def _order(value: Any) -> tuple:
 
 def base_row(rows: list[Row], runs: list[Run]) -> Row:
     """The row matching the preset's report.base settings, else the first row."""
-    wanted = {k[len("report.base."):]: v for k, v in runs[0].config.items()
-              if k.startswith("report.base.")}
+    return _matching(rows, _wanted(runs)) or rows[0]
+
+
+def _wanted(runs: list[Run]) -> dict[str, Any]:
+    """The preset's report.base settings (the first run's: the first dir given rules)."""
+    return {k[len("report.base."):]: v for k, v in runs[0].config.items()
+            if k.startswith("report.base.")}
+
+
+def _matching(rows: list[Row], wanted: dict[str, Any]) -> Row | None:
     for row in rows:
         cfg = row.runs[0].config
         if wanted and all(cfg.get(k) == v for k, v in wanted.items()):
             return row
-    return rows[0]
+    return None
+
+
+@dataclass
+class Comparison:
+    """Rows whose p is against one base row: all of a table's rows, or (per_x) those of one
+    value of report.x. base None: that value has no base row, so its rows get no p."""
+    rows: list[Row]
+    base: Row | None
+    x_value: Any = None
+    seeds: list | None = None  # the seeds significance paired (None: no test)
+
+
+def comparisons(rows: list[Row], runs: list[Run]) -> tuple[str | None, list[Comparison]]:
+    """Which base row each row's p is against: (x, comparisons). Where the preset's `report.x`
+    is one of its `report.base` settings (heads_by_data: base h = 8 at data.train_fraction 1.0,
+    x the data size), each value of x has its own base row, the base's other settings at that x
+    (h = 8 at 10 %, at 30 %, at 100 %), and a row is tested against the base of its own x: the
+    question such a study asks is h against 8 heads at the same data size, not a 10 % model
+    against the 100 % one. Else one comparison, every row against base_row; x is None."""
+    wanted = _wanted(runs)
+    x = runs[0].config.get("report.x")
+    values = list(dict.fromkeys(json.dumps(row.runs[0].config.get(x)) for row in rows))
+    if not x or x not in wanted:
+        return None, [Comparison(rows, base_row(rows, runs))]
+    out = []
+    for value in values:
+        mine = [row for row in rows if json.dumps(row.runs[0].config.get(x)) == value]
+        at_x = mine[0].runs[0].config.get(x)
+        base = _matching(mine, {**wanted, x: at_x})
+        if base is None:
+            like = ",".join(f"{short_key(k)}={v}" for k, v in wanted.items() if k != x)
+            for row in mine:
+                row.p_reason = f"no {like} at {short_key(x)}={at_x}"
+        out.append(Comparison(mine, base, at_x))
+    if all(c.base is None for c in out):  # no value has the base: one comparison, as without x
+        for row in rows:
+            row.p_reason = None
+        return None, [Comparison(rows, base_row(rows, runs))]
+    return x, out
 
 
 def significance(rows: list[Row], base: Row, split: str, samples: int) -> list | None:
@@ -249,6 +296,40 @@ def significance(rows: list[Row], base: Row, split: str, samples: int) -> list |
         else:
             row.p_value = result.p_value
     return seeds
+
+
+def p_text(row: Row) -> str:
+    """The p column: the p-value, '-' where untested (the base row), or why there is none."""
+    if row.p_value is None:
+        return f"– ({row.p_reason})" if row.p_reason else "-"
+    return f"{row.p_value:.4f}" + (f" ({row.p_reason})" if row.p_reason else "")
+
+
+def p_note(tested: list[Comparison], varying: list[str], x: str | None) -> str:
+    """The note's words on p: against which base row, on which seeds (where rows have different
+    seeds, p uses only those every row of a comparison has)."""
+    done = [c for c in tested if c.seeds]
+
+    def seeds(c: Comparison) -> str:
+        plural = "s" if len(c.seeds) > 1 else ""
+        partial = any({r.config.get("seed") for r in row.runs} != set(c.seeds) for row in c.rows)
+        return (f"seed{plural} {', '.join(map(str, c.seeds))}"
+                + (f", the seed{plural} every row{'' if x is None else ' of it'} has"
+                   if partial else "") + (" (concatenated)" if plural else ""))
+
+    if x is None:
+        return ("p: sacrebleu paired bootstrap of BLEU vs the base row (seed-matched hypotheses, "
+                "on the base row's references only)" + (f", on {seeds(done[0])}" if done else ""))
+    name = short_key(x)
+    base = next(c.base for c in tested if c.base is not None)
+    like = ",".join(f"{short_key(k)}={base.runs[0].config.get(k)}" for k in varying if k != x)
+    text = (f"p: sacrebleu paired bootstrap of BLEU vs the base row of the same {name} ({like} "
+            f"at each {name}; seed-matched hypotheses, on the base row's references only)")
+    if not done:
+        return text
+    if len({seeds(c) for c in done}) == 1:  # the same seeds at every x: named once
+        return text + f", on {seeds(done[0])}"
+    return text + ", on " + "; ".join(f"{name}={c.x_value}: {seeds(c)}" for c in done)
 
 
 def stat(values: list[float], digits: int) -> str:

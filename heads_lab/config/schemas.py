@@ -210,7 +210,8 @@ class ReportConfig:
     base: dict[str, Any] = field(default_factory=dict)
     paper: str | None = opt(None, "table_a: Vaswani et al. 2017, Table 3 (A)")
     x: str | None = opt(None, "the quality plot's x axis where several numeric settings vary, "
-                        "e.g. data.train_fraction: one line per value of the others (model.heads)")
+                        "e.g. data.train_fraction: one line per value of the others (model.heads); "
+                        "where base names it too, each x has its own base row for p")
 
 
 @dataclass

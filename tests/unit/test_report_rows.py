@@ -6,7 +6,23 @@ from __future__ import annotations
 from pathlib import Path
 
 from heads_lab.commands.report import render
-from heads_lab.commands.report_rows import NOT_APPLICABLE, Run, base_row, group, model_shape
+from heads_lab.commands.report_rows import (
+    NOT_APPLICABLE,
+    Comparison,
+    Run,
+    base_row,
+    group,
+    model_shape,
+)
+
+
+def _render(rows, varying):
+    """The table with the first row as the one base (report.py's main picks it from the preset)."""
+    return render(rows, [Comparison(rows, rows[0])], varying, "test", None)
+
+
+def _table(runs):
+    return _render(*group(runs))
 
 
 def _run(seed: int, **model) -> Run:
@@ -41,13 +57,13 @@ def test_keys_none_in_every_run_stay_unset_and_shape_columns_follow_the_variant(
     mha = [_run(1, heads=h) for h in (1, 8)]
     rows, varying = group(mha)
     assert varying == ["model.heads"] and all(r.config["model.kv_heads"] is None for r in mha)
-    table = render(rows, rows[0], varying, "test", None)
+    table = _render(rows, varying)
     assert table["header"][:5] == ["setting", "h", "kv", "d_k", "enc+dec"]  # no h_K, h_V
     assert [b[1:5] for b in table["rows"]] == [["1", "1", "256", "3+3"], ["8", "8", "32", "3+3"]]
 
     both = mha + [_run(1, attention="talking_heads", heads=4, heads_k=2, heads_v=8)]
     rows, varying = group(both)
-    table = render(rows, rows[0], varying, "test", None)
+    table = _render(rows, varying)
     columns = {name: i for i, name in enumerate(table["header"])}
     talking = next(b for b in table["rows"] if b[0].startswith("attention=talking_heads"))
     multi = next(b for b in table["rows"] if b[0].startswith("attention=mha,h=8"))
@@ -61,7 +77,7 @@ def test_a_config_without_head_counts_has_no_shape_and_is_shown_as_written():
     assert model_shape({}) == {} and model_shape({"model.heads": 4, "model.attention": "x"}) == {}
     odd = _run(1, attention="not_a_variant", heads=4)
     rows, varying = group([odd])
-    table = render(rows, rows[0], varying, "test", None)
+    table = _render(rows, varying)
     columns = {name: i for i, name in enumerate(table["header"])}
     assert table["rows"][0][columns["h"]] == "4" and table["rows"][0][columns["d_k"]] == "64"
 
@@ -148,11 +164,10 @@ def _by_data(seed: int, fraction: float, heads: int, best_step: int | None) -> R
 
 def test_rows_on_different_amounts_of_data_show_their_training_pairs():
     rows, varying = group([_by_data(s, f, 8, 300) for s in (1, 2) for f in (0.1, 1.0)])
-    table = render(rows, rows[0], varying, "test", None)
+    table = _render(rows, varying)
     column = table["header"].index("train pairs")
     assert [b[column] for b in table["rows"]] == ["2,900", "29,000"]
-    same = render(*(lambda r, v: (r, r[0], v))(*group([_by_data(1, 1.0, h, 300) for h in (1, 8)])),
-                  "test", None)
+    same = _table([_by_data(1, 1.0, h, 300) for h in (1, 8)])
     assert "train pairs" not in same["header"]
 
 
@@ -178,17 +193,16 @@ def test_the_preset_names_the_x_axis_where_two_swept_numbers_vary():
 def test_runs_evaluated_on_their_best_weights_show_the_best_step_and_say_so():
     runs = [_by_data(1, 0.1, 8, 300), _by_data(2, 0.1, 8, 500), _by_data(1, 1.0, 8, 1000)]
     rows, varying = group(runs)
-    table = render(rows, rows[0], varying, "test", None)
+    table = _render(rows, varying)
     column = table["header"].index("best step")
     assert [b[column] for b in table["rows"]] == ["400 ± 141", "1,000"]
     assert "evaluated: the best validation's weights (eval.checkpoint=best)" in table["note"]
     assert "last weights" not in table["note"]
     mixed = runs + [_by_data(3, 0.1, 8, None)]  # one run evaluated its last weights
-    table = render(*(lambda r, v: (r, r[0], v))(*group(mixed)), "test", None)
+    table = _table(mixed)
     assert [b[table["header"].index("best step")] for b in table["rows"]][0] == "400 ± 141"
     assert "in the runs that have one; the others' last weights" in table["note"]
-    plain = render(*(lambda r, v: (r, r[0], v))(*group([_run(1, heads=h) for h in (1, 8)])),
-                   "test", None)
+    plain = _table([_run(1, heads=h) for h in (1, 8)])
     assert "best step" not in plain["header"] and "evaluated" not in plain["note"]
 
 
@@ -204,14 +218,13 @@ def test_runs_under_a_time_budget_show_the_steps_it_bought_and_say_so():
     runs = [timed(1, 8, 1965, 1800.6), timed(2, 8, 1935, 1800.2), timed(1, 32, 1200, 1801.0),
             timed(2, 32, 1000, 1500.0, "max_steps")]
     rows, varying = group(runs)
-    table = render(rows, rows[0], varying, "test", None)
+    table = _render(rows, varying)
     steps, seconds = table["header"].index("steps"), table["header"].index("train s")
     assert [(b[0], b[steps], b[seconds]) for b in table["rows"]] == [
         ("h=8 (base)", "1,950 ± 21", "1,800 ± 0"), ("h=32", "1,100 ± 141", "1,650 ± 213")]
     assert ("time budget: trainer.max_time = 1800 s of updates, which ended 3 of 4 runs"
             in table["note"])
-    plain = render(*(lambda r, v: (r, r[0], v))(*group([_run(1, heads=h) for h in (1, 8)])),
-                   "test", None)
+    plain = _table([_run(1, heads=h) for h in (1, 8)])
     assert "steps" not in plain["header"] and "time budget" not in plain["note"]
 
 
@@ -258,8 +271,7 @@ def test_p_values_pair_only_the_same_references_and_never_call_no_difference_sig
     from sacrebleu.metrics import BLEU
     from sacrebleu.significance import PairedTest
 
-    from heads_lab.commands.report import p_text
-    from heads_lab.commands.report_rows import significance
+    from heads_lab.commands.report_rows import p_text, significance
 
     refs = [f"the {w} dog runs over the green grass today" for w in
             ("small", "big", "old", "young", "brown", "black", "white", "tall")] * 5
@@ -286,3 +298,76 @@ def test_p_values_pair_only_the_same_references_and_never_call_no_difference_sig
     assert by_heads[4].p_value == 1.0 and p_text(by_heads[4]) == "1.0000 (equal BLEU)"
     assert by_heads[16].p_value is None and p_text(by_heads[16]) == "– (other test set)"
     assert p_text(by_heads[8]) == "-"  # the base row itself
+
+
+def test_a_study_over_data_sizes_tests_each_row_against_the_base_at_its_own_size(tmp_path):
+    """heads_by_data: report.base is h = 8 at 100 % and report.x the data fraction, so h = 1 at
+    10 % is tested against h = 8 at 10 % (sacrebleu's own p for that pair), not against the 100 %
+    model; a size without an h = 8 row says so instead of borrowing another size's base."""
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    from heads_lab.commands.report_rows import comparisons, p_text, significance
+
+    refs = [f"the {w} dog runs over the green grass today" for w in
+            ("small", "big", "old", "young", "brown", "black", "white", "tall")] * 5
+    worse = [r.replace("grass", "field") for r in refs]
+    good = list(refs[:30]) + worse[30:]
+    hyps = {(0.1, 8): worse, (0.1, 1): good, (0.3, 1): good, (0.3, 32): worse,
+            (1.0, 8): refs, (1.0, 1): good}
+    runs = []
+    for seed in (1, 2):
+        for (fraction, heads), text in hyps.items():
+            if seed == 2 and fraction == 1.0:
+                continue  # the 100 % rows have seed 1 only
+            run = _by_data(seed, fraction, heads, 300)
+            run.config["report.base.model.heads"] = 8
+            run.config["report.base.data.train_fraction"] = 1.0
+            run.dir = tmp_path / f"f{fraction}_h{heads}_s{seed}"
+            run.dir.mkdir()
+            (run.dir / "hyps.test.txt").write_text("\n".join(text) + "\n", encoding="utf-8")
+            (run.dir / "refs.test.txt").write_text("\n".join(refs) + "\n", encoding="utf-8")
+            runs.append(run)
+    rows, varying = group(runs)
+    x, tested = comparisons(rows, runs)
+    assert x == "data.train_fraction"
+    assert [(c.x_value, c.base.label if c.base else None) for c in tested] == [
+        (0.1, "train_fraction=0.1,h=8"), (0.3, None), (1.0, "train_fraction=1.0,h=8")]
+    for c in tested:
+        if c.base is not None:
+            c.seeds = significance(c.rows, c.base, "test", 200)
+    by = {(r.runs[0].config["data.train_fraction"], r.runs[0].config["model.heads"]): r
+          for r in rows}
+    _, scores = PairedTest([("h8", worse + worse), ("h1", good + good)], {"BLEU": BLEU()},
+                           [refs + refs], test_type="bs", n_samples=200)()
+    assert by[0.1, 1].p_value == scores["BLEU"][1].p_value  # against h = 8 at 10 %, seeds 1, 2
+    _, scores = PairedTest([("h8", refs), ("h1", good)], {"BLEU": BLEU()}, [refs],
+                           test_type="bs", n_samples=200)()
+    assert by[1.0, 1].p_value == scores["BLEU"][1].p_value  # against h = 8 at 100 %, seed 1
+    assert p_text(by[0.3, 1]) == p_text(by[0.3, 32]) == "– (no h=8 at train_fraction=0.3)"
+    table = render(rows, tested, varying, "test", None, x)
+    assert [b[0] for b in table["rows"] if b[0].endswith("(base)")] == [
+        "train_fraction=0.1,h=8 (base)", "train_fraction=1.0,h=8 (base)"]
+    assert ("vs the base row of the same train_fraction (h=8 at each train_fraction" in
+            table["note"])
+    assert ("on train_fraction=0.1: seeds 1, 2 (concatenated); train_fraction=1.0: seed 1"
+            in table["note"])
+
+    # the same seeds at every size: named once
+    done = [c for c in tested if c.seeds]
+    done[1].seeds = [1, 2]
+    done[1].rows[0].runs.append(done[0].rows[0].runs[1])  # (a seed-2 run: only its seed counts)
+    done[1].rows[1].runs.append(done[0].rows[1].runs[1])
+    assert render(rows, tested, varying, "test", None, x)["note"].count("seeds 1, 2") == 1
+    # the 10 % runs alone: h = 8 at 10 % is their base, not the first row
+    ten = [r for r in runs if r.config["data.train_fraction"] == 0.1]
+    rows, _ = group(ten)
+    _, tested = comparisons(rows, ten)
+    assert [c.base.label for c in tested] == ["h=8"]
+    # without report.x every row is tested against the one base row, as before
+    for run in runs:
+        run.config["report.x"] = None
+    rows, _ = group(runs)
+    x, tested = comparisons(rows, runs)
+    assert x is None and [c.base.label for c in tested] == ["train_fraction=1.0,h=8"]
+    assert tested[0].rows == rows
