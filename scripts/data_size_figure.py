@@ -8,7 +8,8 @@ in one figure, drawn from their `heads-lab report` tables (report.csv).
 Each argument is LABEL=CSV[:PAIRS]. A row's x is its `train pairs` column where the report has
 one, else round(data.train_fraction × PAIRS) (PAIRS: the corpus' training pairs, as
 data.train_fraction subsets them; a report written before the column existed needs it). Left:
-test BLEU (mean ± std over the row's seeds); right: each h's BLEU minus h = 8's at the same data
+test BLEU (mean ± std over the row's seeds, each point's number of seeds beside it where they
+differ); right: each h's BLEU minus h = 8's at the same data
 size (means), so a line above 0 is an h that beats 8 heads. Colour is h, marker and line style the
 corpus: the corpora differ in domain, so their lines are kept apart, never joined.
 """
@@ -102,8 +103,14 @@ def draw(points: list[Point], out: Path) -> None:
                    color=colours[h], label=f"{corpus}, h = {h}")
     right.axhline(0, color="grey", linewidth=1)
     runs = sorted({p.runs for p in points})
-    seeds = f"{runs[0]}" if len(runs) == 1 else f"{runs[0]}–{runs[-1]}"
-    left.set_title(f"test BLEU (mean ± std over {seeds} seeds)")
+    if len(runs) == 1:
+        left.set_title(f"test BLEU (mean ± std over {runs[0]} seeds)")
+    else:  # points rest on different numbers of seeds: those on fewer say so
+        left.set_title(f"test BLEU (mean ± std over {runs[-1]} seeds; n = fewer, where marked)")
+        for p in points:
+            if p.runs < runs[-1]:
+                left.annotate(f"n = {p.runs}", (p.pairs, p.bleu), xytext=(5, -11),
+                              textcoords="offset points", fontsize=7, color=colours[p.h])
     right.set_title(f"BLEU minus h = {BASE_H}'s at the same data size (means)")
     ticks = sorted({p.pairs for p in points})
     for ax in (left, right):
@@ -115,11 +122,11 @@ def draw(points: list[Point], out: Path) -> None:
         ax.grid(alpha=0.3)
     left.set_ylabel("test BLEU (each corpus' own test set)")
     right.set_ylabel(f"BLEU − BLEU(h = {BASE_H})")
-    left.legend(fontsize=7, ncol=2)
-    right.legend(fontsize=7)
+    for ax in (left, right):  # below the axes: no point hidden behind a legend
+        ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.3))
     fig.suptitle("More heads with more data? d_model 256, 3+3 layers, d_k = 256 / h")
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    fig.savefig(out, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 

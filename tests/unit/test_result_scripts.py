@@ -32,13 +32,14 @@ def test_data_size_figure_joins_two_corpora_from_their_reports(tmp_path, capsys)
                         (1.0, 8, '"37.00 ± 0.20"')]) + "\n")
     new = tmp_path / "new.csv"
     new.write_text(header + ",train pairs\n" + "\n".join(
-        f'"train_fraction={f},h={h}",{h},{h},{256 // h},3+3,"7,578,624",3,6.1,{b},57.0,-,"{n}"'
+        f'"train_fraction={f},h={h}",{h},{h},{256 // h},3+3,"7,578,624",1,6.1,{b},57.0,-,"{n}"'
         for f, h, b, n in [(0.1, 8, "30.00", "16,478"), (0.1, 32, "29.25", "16,478")]) + "\n")
     out = tmp_path / "fig.png"
     assert script.main(["--out", str(out), f"A={old}:29000", f"B={new}"]) == 0
     assert out.stat().st_size > 10_000
     points = script.read("A", old, 29000) + script.read("B", new, None)
     assert [(p.pairs, p.bleu, p.std) for p in points[:2]] == [(2900, 20.0, 1.0), (2900, 21.5, 0.5)]
+    assert [p.runs for p in points] == [3, 3, 3, 3, 1, 1]  # B's points on one seed: marked n = 1
     assert script.differences(points) == {("A", 1): [(2900, -1.5), (29000, 1.0)],
                                           ("B", 32): [(16478, -0.75)]}
     assert "A, h = 1 minus h = 8: 2,900: -1.50, 29,000: +1.00" in capsys.readouterr().out
