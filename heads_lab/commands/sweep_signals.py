@@ -19,6 +19,7 @@ from heads_lab.training import stops
 # Launchers whose jobs run in worker processes of this command (hydra/launcher=local or joblib),
 # by their _target_, however chosen (command line, a preset's defaults, a user's config).
 WORKER_LAUNCHERS = ("hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher",)
+SLURM_LAUNCHER = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
 
 
 _ARM: list = []  # set by forward_stop_signals; called by CountFailures.on_multirun_start

@@ -21,6 +21,7 @@ from omegaconf.errors import OmegaConfBaseException
 from heads_lab.commands.overrides import check_parses, dir_override
 from heads_lab.commands.sweep_signals import (
     _ARM,
+    SLURM_LAUNCHER,
     STOPPING,
     SWEEP_PID_ENV,
     WORKER_LAUNCHERS,
@@ -314,9 +315,14 @@ class CountFailures(Callback):
 
     def on_multirun_start(self, config, **kwargs) -> None:
         self.started = time.time() - 1  # file times may be coarser than time.time()
-        if str(config.hydra.launcher.get("_target_", "")) in WORKER_LAUNCHERS:
+        target = str(config.hydra.launcher.get("_target_", ""))
+        if target in WORKER_LAUNCHERS:
             for arm in list(_ARM):  # forward_stop_signals: stop signals reach the workers
                 arm(str(config.hydra.sweep.dir))
+        if target == SLURM_LAUNCHER:  # a requeued job is waited for, not taken as failed
+            from heads_lab.commands.slurm import use_checked_watcher  # lazy: submitit
+
+            use_checked_watcher()
 
     def on_multirun_end(self, config, **kwargs) -> None:
         started = getattr(self, "started", 0.0)

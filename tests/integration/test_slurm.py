@@ -174,3 +174,24 @@ def test_a_job_failing_on_bad_data_is_recorded_and_fails_the_sweep(cluster, tmp_
     assert len(list(sweep.glob("*/results.json"))) == 1
     for job in _slurm_jobs(sweep):  # the job itself ends normally: heads-lab caught the error
         assert _sacct(job) == ["COMPLETED"], job
+
+
+def test_an_ended_state_in_accounting_is_checked_against_the_controller(cluster, tmp_path):
+    """The window submitit alone misreads: accounting says FAILED while the controller still
+    holds the job (a requeued job waits in PENDING). A held job stands for it on the real
+    controller; a job that really ended keeps accounting's state."""
+    from heads_lab.commands.slurm import ControllerCheckedWatcher
+
+    held = _sh("sbatch", "--parsable", "--hold", "-o", str(tmp_path / "held.out"),
+               "--wrap", "true").strip()
+    done = _sh("sbatch", "--parsable", "-o", str(tmp_path / "done.out"), "--wrap", "true").strip()
+    try:
+        _sacct(done)  # ended, and in accounting
+        watcher = ControllerCheckedWatcher(delay_s=600)
+        for job in (held, done):
+            watcher.register_job(job)
+        info = watcher.read_info(f"JobID|State|NodeList\n{held}|FAILED|vm\n{done}|FAILED|vm\n")
+        assert info[held]["State"] == "PENDING"
+        assert info[done]["State"] == "FAILED"  # squeue lists it as ended, or not at all
+    finally:
+        subprocess.run(["scancel", held, done], capture_output=True)

@@ -1,0 +1,68 @@
+"""hydra/launcher=slurm: submitit's job states, with the controller's word for a job that is
+still alive.
+
+submitit learns a job's state from accounting (`sacct`) and takes a state such as FAILED as the
+job's end: it stops polling and, without the job's result file, raises "has not produced any
+output (state: FAILED)", which fails the whole sweep. Accounting lags the controller: while a
+preempted job is being requeued (SIGUSR2: heads-lab saves a checkpoint, submitit runs `scontrol
+requeue`), `sacct` can show the run that just ended, FAILED, before the requeued job's record, and
+a sweep whose job is about to resume was failed by it (seen on a loaded one-node cluster). Here an
+ended state from `sacct` is checked against the controller (`squeue`): a job squeue still holds as
+pending, running, requeued or completing keeps squeue's state, so submitit waits for it. A job
+squeue no longer lists, or lists as ended, keeps sacct's state: a job that really failed fails
+the sweep as before. COMPLETED is never second-guessed (its result file is there). The sweep's
+process installs the watcher when its launcher is SLURM's (sweeps.CountFailures)."""
+
+from __future__ import annotations
+
+import subprocess
+
+from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob
+
+# squeue's states of a job that has not ended (a requeued job passes through these)
+ALIVE = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING",
+         "COMPLETING", "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED",
+         "RESV_DEL_HOLD"}
+
+
+def controller_states(job_ids: list[str]) -> dict[str, str]:
+    """The controller's state of each job it still holds (squeue), {} where squeue fails (a job
+    that left the controller, no squeue): then accounting's word stands."""
+    bases = sorted({j.split("_")[0] for j in job_ids})
+    try:
+        out = subprocess.run(["squeue", "-h", "-o", "%i|%T", "-j", ",".join(bases)],
+                             capture_output=True, text=True, timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    states = {}
+    for line in out.splitlines():
+        job, _, state = line.strip().partition("|")
+        if job and state:
+            states[job] = state.split()[0]
+    return states
+
+
+class ControllerCheckedWatcher(SlurmInfoWatcher):
+    """submitit's sacct watcher, with ended states (not COMPLETED) checked against squeue."""
+
+    def read_info(self, string):
+        info = super().read_info(string)
+        ended = []
+        for job, stats in info.items():
+            state = (stats.get("State") or "").split()  # e.g. "CANCELLED by 0"
+            if job in self._registered and state and state[0] not in ALIVE | {"COMPLETED"}:
+                ended.append(job)
+        if ended:
+            live = controller_states(ended)
+            for job in ended:
+                if live.get(job) in ALIVE:
+                    info[job] = {**info[job], "State": live[job]}
+        return info
+
+
+def use_checked_watcher() -> None:
+    """SLURM jobs of this process wait through ControllerCheckedWatcher (submitit's watcher is
+    one object shared by all its SLURM jobs, a class attribute: replaced before any is
+    submitted; its polling delay kept)."""
+    if not isinstance(SlurmJob.watcher, ControllerCheckedWatcher):
+        SlurmJob.watcher = ControllerCheckedWatcher(delay_s=SlurmJob.watcher._delay_s)
