@@ -18,9 +18,12 @@ controller, or squeue fail, at the moment submitit polls; this watcher does not 
 
 from __future__ import annotations
 
+import logging
 import subprocess
 
 from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob
+
+LOG = logging.getLogger(__name__)
 
 # squeue's states of a job that has not ended (a requeued job passes through these)
 ALIVE = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING",
@@ -35,7 +38,9 @@ def controller_states(job_ids: list[str]) -> dict[str, str]:
     try:
         out = subprocess.run(["squeue", "-h", "-o", "%i|%T", "-j", ",".join(bases)],
                              capture_output=True, text=True, timeout=60, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
+    except (OSError, subprocess.SubprocessError) as e:
+        err = (getattr(e, "stderr", None) or str(e)).strip().splitlines()
+        LOG.warning("squeue -j %s gave no answer (%s)", ",".join(bases), err[-1] if err else e)
         return {}
     states = {}
     for line in out.splitlines():
@@ -60,6 +65,9 @@ class ControllerCheckedWatcher(SlurmInfoWatcher):
             for job in ended:
                 if live.get(job) in ALIVE:
                     info[job] = {**info[job], "State": live[job]}
+                else:  # said, so that a sweep failed by it shows both sides' word
+                    LOG.warning("SLURM job %s: accounting says %s, squeue says %s: taken as "
+                                "ended", job, info[job]["State"], live.get(job, "nothing"))
         return info
 
 

@@ -38,7 +38,7 @@ def watcher(monkeypatch):
     return w, asked
 
 
-def test_a_job_the_controller_still_holds_is_not_done_whatever_accounting_says(watcher):
+def test_a_job_the_controller_still_holds_is_not_done_whatever_accounting_says(watcher, caplog):
     w, asked = watcher
     assert w.get_state("12", mode="force") == "PENDING"
     assert not w.is_done("12", mode="cache") and not w.is_done("14", mode="cache")
@@ -47,9 +47,12 @@ def test_a_job_the_controller_still_holds_is_not_done_whatever_accounting_says(w
     assert w.is_done("15_0", mode="cache") and not w.is_done("16", mode="cache")
     # one squeue call, for the ended states other than COMPLETED only
     assert len(asked) == 1 and asked[0][-1] == "12,13,14"
+    # the ended one says what each side said, for a sweep it fails
+    assert [r.getMessage() for r in caplog.records] == [
+        "SLURM job 13: accounting says FAILED, squeue says nothing: taken as ended"]
 
 
-def test_without_an_answer_from_squeue_accounting_stands(monkeypatch, watcher):
+def test_without_an_answer_from_squeue_accounting_stands(monkeypatch, watcher, caplog):
     w, _ = watcher
 
     def broken(cmd, **kwargs):
@@ -57,6 +60,7 @@ def test_without_an_answer_from_squeue_accounting_stands(monkeypatch, watcher):
 
     monkeypatch.setattr(slurm.subprocess, "run", broken)
     assert w.get_state("12", mode="force") == "FAILED" and w.is_done("12", mode="cache")
+    assert "squeue -j 12,13,14 gave no answer (slurm_load_jobs error: Invalid job id)" in caplog.text
 
 
 def test_a_slurm_sweep_waits_through_the_checked_watcher(monkeypatch):
