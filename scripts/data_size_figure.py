@@ -8,10 +8,10 @@ in one figure, drawn from their `heads-lab report` tables (report.csv).
 Each argument is LABEL=CSV[:PAIRS]. A row's x is its `train pairs` column where the report has
 one, else round(data.train_fraction × PAIRS) (PAIRS: the corpus' training pairs, as
 data.train_fraction subsets them; a report written before the column existed needs it). Left:
-test BLEU (mean ± std over the row's seeds, each point's number of seeds beside it where they
-differ); right: each h's BLEU minus h = 8's at the same data
-size (means), so a line above 0 is an h that beats 8 heads. Colour is h, marker and line style the
-corpus: the corpora differ in domain, so their lines are kept apart, never joined.
+test BLEU (mean ± std over the row's seeds; points on fewer seeds than the most are marked
+n = k); right: each h's BLEU minus h = 8's at the same data size (means), so a line above 0 is an
+h that beats 8 heads. Colour is h, marker and line style the corpus: the corpora differ in
+domain, so their lines are kept apart, never joined.
 """
 
 from __future__ import annotations

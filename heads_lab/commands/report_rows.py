@@ -213,8 +213,8 @@ def _matching(rows: list[Row], wanted: dict[str, Any]) -> Row | None:
 
 @dataclass
 class Comparison:
-    """Rows whose p is against one base row: all of a table's rows, or (per_x) those of one
-    value of report.x. base None: that value has no base row, so its rows get no p."""
+    """Rows whose p is against one base row: all of a table's rows, or those of one value of
+    report.x (x_value). base None: that value has no base row, so its rows get no p."""
     rows: list[Row]
     base: Row | None
     x_value: Any = None
@@ -230,23 +230,21 @@ def comparisons(rows: list[Row], runs: list[Run]) -> tuple[str | None, list[Comp
     against the 100 % one. Else one comparison, every row against base_row; x is None."""
     wanted = _wanted(runs)
     x = runs[0].config.get("report.x")
-    values = list(dict.fromkeys(json.dumps(row.runs[0].config.get(x)) for row in rows))
     if not x or x not in wanted:
         return None, [Comparison(rows, base_row(rows, runs))]
+    by_x: dict[str, list[Row]] = {}
+    for row in rows:
+        by_x.setdefault(json.dumps(row.runs[0].config.get(x)), []).append(row)
     out = []
-    for value in values:
-        mine = [row for row in rows if json.dumps(row.runs[0].config.get(x)) == value]
+    for mine in by_x.values():
         at_x = mine[0].runs[0].config.get(x)
-        base = _matching(mine, {**wanted, x: at_x})
-        if base is None:
-            like = ",".join(f"{short_key(k)}={v}" for k, v in wanted.items() if k != x)
-            for row in mine:
-                row.p_reason = f"no {like} at {short_key(x)}={at_x}"
-        out.append(Comparison(mine, base, at_x))
+        out.append(Comparison(mine, _matching(mine, {**wanted, x: at_x}), at_x))
     if all(c.base is None for c in out):  # no value has the base: one comparison, as without x
-        for row in rows:
-            row.p_reason = None
         return None, [Comparison(rows, base_row(rows, runs))]
+    like = ",".join(f"{short_key(k)}={v}" for k, v in wanted.items() if k != x)
+    for c in out:
+        for row in c.rows if c.base is None else []:
+            row.p_reason = f"no {like} at {short_key(x)}={c.x_value}"
     return x, out
 
 
