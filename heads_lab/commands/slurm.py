@@ -12,9 +12,10 @@ keeps sacct's state: a job that really failed fails the sweep as before. COMPLET
 second-guessed (its result file is there). The sweep's process installs the watcher when its
 launcher is SLURM's (sweeps.CountFailures).
 
-Known: the preemption test (tests/integration/test_slurm.py) still failed twice in about thirty
-runs under load with submitit's "state: FAILED", so a requeued job can also look ended to the
-controller, or squeue fail, at the moment submitit polls; this watcher does not close that."""
+A requeued job that really FAILED is not this watcher's to hide: the preemption test once
+released its requeued job (SLURM holds one ~120 s) in the second its first run was killed, and
+slurmd refused the relaunch ("Job credential revoked", exit 1); that run FAILED in accounting
+and in the controller, and the sweep rightly failed. The test now waits for the node to be idle."""
 
 from __future__ import annotations
 

@@ -115,6 +115,16 @@ def _wait(what: str, check, proc: subprocess.Popen, seconds: float = 240):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def _why(err: str, job: str) -> str:
+    """A failed sweep's story: the watcher's lines (each side's word on an ended state), the
+    job's runs in accounting, and the end of the sweep's stderr."""
+    said = [line for line in err.splitlines() if "accounting says" in line or "squeue" in line]
+    runs = subprocess.run(["sacct", "-n", "-X", "-P", "-D", "-o", "JobID,State,ExitCode,Start,End",
+                           "-j", job], capture_output=True, text=True).stdout
+    return "\n".join(["watcher: " + ("; ".join(said) or "nothing"), "sacct -D: " + runs,
+                      err[-2500:]])
+
+
 def test_a_preempted_job_is_requeued_and_resumes_to_the_uninterrupted_numbers(cluster, tmp_path):
     whole = heads_lab("train", *LONG, "trainer.threads=1", f"hydra.run.dir={tmp_path / 'whole'}",
                       cwd=tmp_path, timeout=600)
@@ -133,13 +143,19 @@ def test_a_preempted_job_is_requeued_and_resumes_to_the_uninterrupted_numbers(cl
         # submitit requeues it (scontrol requeue); SLURM holds a requeued job ~120 s: release it
         _wait("the requeued job", lambda: "PENDING" in _sh("squeue", "-h", "-j", job, "-o", "%T"),
               proc, 60)
+        # not in the second its first run was killed: slurmd revoked that run's credential and
+        # refuses a relaunch within the same second ("Job credential revoked": the requeued run
+        # FAILED at once, exit 1, and the sweep with it; what SLURM's own hold prevents)
+        _wait("the node to be idle", lambda: _sh("sinfo", "-h", "-o", "%T").split() == ["idle"],
+              proc, 60)
+        time.sleep(2)
         _sh("scontrol", "update", f"jobid={job}", "StartTime=now")
         out, err = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
             proc.kill()
             subprocess.run(["scancel", _slurm_jobs(sweep)[0].split("_")[0]], capture_output=True)
-    assert proc.returncode == 0, err[-3000:]
+    assert proc.returncode == 0, _why(err, job)
     run_dir = next(sweep.glob("0_*"))
     results = json.loads((run_dir / "results.json").read_text())
     stopped = results["train"]["resumed_from"]
