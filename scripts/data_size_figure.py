@@ -8,9 +8,9 @@ in one figure, drawn from their `heads-lab report` tables (report.csv).
 Each argument is LABEL=CSV[:PAIRS]. A row's x is its `train pairs` column where the report has
 one, else round(data.train_fraction × PAIRS) (PAIRS: the corpus' training pairs, as
 data.train_fraction subsets them; a report written before the column existed needs it). Left:
-test BLEU (mean ± std over the row's seeds; points on fewer seeds than the most are marked
-n = k); right: each h's BLEU minus h = 8's at the same data size (means), so a line above 0 is an
-h that beats 8 heads. Colour is h, marker and line style the corpus: the corpora differ in
+test BLEU (mean ± std over the row's seeds); right: each h's BLEU minus h = 8's at the same data
+size (means), so a line above 0 is an h that beats 8 heads. In both, a data size whose points rest
+on fewer seeds than the most is marked n = k once, below its lowest point. Colour is h, marker and line style the corpus: the corpora differ in
 domain, so their lines are kept apart, never joined.
 """
 
@@ -77,6 +77,25 @@ def differences(points: list[Point]) -> dict[tuple[str, int], list[tuple[int, fl
     return out
 
 
+def few_seeds(points: list[Point]) -> dict[tuple[str, int], int]:
+    """(corpus, pairs) → the fewest seeds a point there rests on, where that is fewer than the
+    most of any point (a difference rests on the fewer of its two rows')."""
+    most = max(p.runs for p in points)
+    fewest: dict[tuple[str, int], int] = {}
+    for p in points:
+        key = (p.corpus, p.pairs)
+        fewest[key] = min(fewest.get(key, most), p.runs)
+    return {key: n for key, n in fewest.items() if n < most}
+
+
+def _mark(ax, marks: dict[tuple[str, int], int], lowest: dict[tuple[str, int], float]) -> None:
+    """"n = k" once per marked data size, below its lowest point drawn on `ax`."""
+    for key, n in marks.items():
+        if key in lowest:
+            ax.annotate(f"n = {n}", (key[1], lowest[key]), xytext=(0, -14), ha="center",
+                        textcoords="offset points", fontsize=7)
+
+
 def draw(points: list[Point], out: Path) -> None:
     import matplotlib  # lazy: start-up time (matplotlib)
 
@@ -102,16 +121,20 @@ def draw(points: list[Point], out: Path) -> None:
         right.plot([x for x, _ in series], [y for _, y in series], marker=marker, linestyle=line,
                    color=colours[h], label=f"{corpus}, h = {h}")
     right.axhline(0, color="grey", linewidth=1)
-    runs = sorted({p.runs for p in points})
-    if len(runs) == 1:
-        left.set_title(f"test BLEU (mean ± std over {runs[0]} seeds)")
-    else:  # points rest on different numbers of seeds: those on fewer say so
-        left.set_title(f"test BLEU (mean ± std over {runs[-1]} seeds; n = fewer, where marked)")
-        for p in points:
-            if p.runs < runs[-1]:
-                left.annotate(f"n = {p.runs}", (p.pairs, p.bleu), xytext=(5, -11),
-                              textcoords="offset points", fontsize=7, color=colours[p.h])
-    right.set_title(f"BLEU minus h = {BASE_H}'s at the same data size (means)")
+    most = max(p.runs for p in points)
+    marks = few_seeds(points)  # points on fewer seeds than the most: each size says so once
+    fewer = "; n = fewer, where marked" if marks else ""
+    left.set_title(f"test BLEU (mean ± std over {most} seeds{fewer})")
+    right.set_title(f"BLEU minus h = {BASE_H}'s at the same data size (means{fewer})")
+    low: dict[tuple[str, int], float] = {}
+    for p in points:
+        low[p.corpus, p.pairs] = min(low.get((p.corpus, p.pairs), p.bleu), p.bleu - p.std)
+    _mark(left, marks, low)
+    low = {}
+    for (corpus, _), series in differences(points).items():
+        for x, y in series:
+            low[corpus, x] = min(low.get((corpus, x), y), y)
+    _mark(right, marks, low)
     ticks = sorted({p.pairs for p in points})
     for ax in (left, right):
         ax.set_xscale("log")
