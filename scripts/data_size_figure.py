@@ -10,8 +10,9 @@ one, else round(data.train_fraction × PAIRS) (PAIRS: the corpus' training pairs
 data.train_fraction subsets them; a report written before the column existed needs it). Left:
 test BLEU (mean ± std over the row's seeds); right: each h's BLEU minus h = 8's at the same data
 size (means), so a line above 0 is an h that beats 8 heads. In both, a data size whose points rest
-on fewer seeds than the most is marked n = k once, below its lowest point. Colour is h, marker and line style the corpus: the corpora differ in
-domain, so their lines are kept apart, never joined.
+on fewer seeds than the most is marked n = k once, below its lowest point. Colour is h, marker
+and line style the corpus: the corpora differ in domain, so their lines are kept apart, never
+joined.
 """
 
 from __future__ import annotations
