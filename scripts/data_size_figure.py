@@ -90,7 +90,10 @@ def few_seeds(points: list[Point]) -> dict[tuple[str, int], int]:
 
 
 def _mark(ax, marks: dict[tuple[str, int], int], lowest: dict[tuple[str, int], float]) -> None:
-    """"n = k" once per marked data size, below its lowest point drawn on `ax`."""
+    """"n = k" once per marked data size, below its lowest point drawn on `ax` (room kept below
+    the lowest point of all, so a label there stays inside the axes)."""
+    if marks:
+        ax.margins(y=0.12)
     for key, n in marks.items():
         if key in lowest:
             ax.annotate(f"n = {n}", (key[1], lowest[key]), xytext=(0, -14), ha="center",
