@@ -89,6 +89,14 @@ def few_seeds(points: list[Point]) -> dict[tuple[str, int], int]:
     return {key: n for key, n in fewest.items() if n < most}
 
 
+def _lowest(items) -> dict[tuple[str, int], float]:
+    """(corpus, pairs) → the lowest y drawn there, from ((corpus, pairs), y) items."""
+    low: dict[tuple[str, int], float] = {}
+    for key, y in items:
+        low[key] = min(low.get(key, y), y)
+    return low
+
+
 def _mark(ax, marks: dict[tuple[str, int], int], lowest: dict[tuple[str, int], float]) -> None:
     """"n = k" once per marked data size, below its lowest point drawn on `ax` (room kept below
     the lowest point of all, so a label there stays inside the axes)."""
@@ -120,7 +128,8 @@ def draw(points: list[Point], out: Path) -> None:
                 left.errorbar([p.pairs for p in mine], [p.bleu for p in mine],
                               [p.std for p in mine], marker=marker, linestyle=line, capsize=3,
                               color=colours[h], label=f"{corpus}, h = {h}")
-    for (corpus, h), series in differences(points).items():
+    diffs = differences(points)
+    for (corpus, h), series in diffs.items():
         marker, line = style[corpus]
         right.plot([x for x, _ in series], [y for _, y in series], marker=marker, linestyle=line,
                    color=colours[h], label=f"{corpus}, h = {h}")
@@ -130,15 +139,9 @@ def draw(points: list[Point], out: Path) -> None:
     fewer = "; n = fewer, where marked" if marks else ""
     left.set_title(f"test BLEU (mean ± std over {most} seeds{fewer})")
     right.set_title(f"BLEU minus h = {BASE_H}'s at the same data size (means{fewer})")
-    low: dict[tuple[str, int], float] = {}
-    for p in points:
-        low[p.corpus, p.pairs] = min(low.get((p.corpus, p.pairs), p.bleu), p.bleu - p.std)
-    _mark(left, marks, low)
-    low = {}
-    for (corpus, _), series in differences(points).items():
-        for x, y in series:
-            low[corpus, x] = min(low.get((corpus, x), y), y)
-    _mark(right, marks, low)
+    _mark(left, marks, _lowest(((p.corpus, p.pairs), p.bleu - p.std) for p in points))
+    _mark(right, marks, _lowest(((corpus, x), y) for (corpus, _), series in diffs.items()
+                                for x, y in series))
     ticks = sorted({p.pairs for p in points})
     for ax in (left, right):
         ax.set_xscale("log")
