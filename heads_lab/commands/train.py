@@ -80,7 +80,7 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
         with stop_signals() as stop:
             result = train(model, train_split, corpus.splits["valid"], run.trainer, run.seed,
                            device, tracker.log, checkpoints=checkpoints, stop_requested=stop,
-                           parallel=ranks, extra=gates_of(model))
+                           parallel=ranks, extra=gates_of(model), peak_mb=peak.mb)
         tracker.stop_progress()
         if result.resumed_from is not None:
             log.info("resumed from step %d; trained to step %d", result.resumed_from, result.steps)
@@ -95,7 +95,8 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
         split, ppl, scores = evaluate_on_split(run, model, corpus, device, run_dir, "")
         eval_s = time.perf_counter() - eval_started
 
-        metrics = _metrics(split_name, result, ppl, scores, params, costs, peak.mb(), model)
+        peak_mb = max(peak.mb(), result.peak_mem_mb)  # a resumed run: its earlier processes' too
+        metrics = _metrics(split_name, result, ppl, scores, params, costs, peak_mb, model)
         metrics.update(_evaluated_validation(result, evaluated))
         _gpu_mfu(metrics, costs, device, precision)
         results = {

@@ -28,6 +28,9 @@ class TrainResult:
     resumed_from: int | None = None  # the step of the checkpoint this run continued from
     stopped_by: str = "max_steps"  # what ended training: max_steps, max_epochs, max_time, patience
     best_step: int | None = None  # the step of the best validation loss (checkpoints/best.pt)
+    # the largest peak memory (MB) of the processes that trained this run, as of its last
+    # checkpoint: a resumed run's own process may have done little (an evaluation only)
+    peak_mem_mb: float = 0.0
 
 
 @dataclass
@@ -49,6 +52,7 @@ class TrainState:
     skipped: int = 0
     bad_in_row: int = 0
     since_best: int = 0  # validations since the last new best (trainer.patience)
+    peak_mem_mb: float = 0.0  # the largest peak of the processes so far, at each save (MB)
 
 
 class Preempted(HeadsLabError):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from heads_lab.training import checkpoint
 from tests.conftest import TINY
 from tests.integration.test_cli import EXE, heads_lab
 
@@ -103,6 +105,26 @@ def test_eval_reevaluates_and_averages_without_touching_the_run(uninterrupted, t
     assert averaged["decoding"]["beam"] == 1
     assert averaged["metrics"]["test/loss"] != uninterrupted["metrics"]["test/loss"]
     assert (run_dir / "results.json").read_bytes() == before
+
+
+def test_a_run_killed_during_its_evaluation_is_evaluated_again_with_its_trainings_peak_memory(
+        uninterrupted, tmp_path):
+    """Killed after its last checkpoint, while decoding the test set: the same command again
+    trains no more and evaluates; the numbers are the uninterrupted run's, and its peak memory is
+    the training processes' (kept in the checkpoint), not only the evaluation's."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(uninterrupted["run_dir"], run_dir)
+    (run_dir / "results.json").unlink()  # as if killed before writing it
+    last = max((run_dir / "checkpoints").glob("step_*.pt"))
+    trained_peak = checkpoint.load(last)["progress"]["peak_mem_mb"]
+    assert trained_peak > 0
+    proc = heads_lab("train", *RUN, f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["train"]["resumed_from"] == results["train"]["steps"] == 40
+    for key in EXACT:
+        assert results["metrics"][key] == uninterrupted["metrics"][key], key
+    assert results["metrics"]["cost/peak_mem_mb"] >= trained_peak
 
 
 def _kill_group(pgid: int) -> None:

@@ -147,6 +147,28 @@ def test_a_stopped_and_resumed_run_equals_an_uninterrupted_one(tmp_path):
     assert res.history == ref.history and res.valid == ref.valid
 
 
+def test_a_resumed_run_reports_the_largest_peak_memory_of_all_its_processes(tmp_path):
+    """Peak memory is a process's; a run killed after training, during its evaluation, and run
+    again trains no more in its new process, whose own peak is the evaluation's. So each
+    checkpoint keeps the largest peak so far, and the resumed run reports it."""
+    calls = iter(range(100))
+    with pytest.raises(Preempted):
+        _train(tmp_path, _cfg(), peak_mb=iter([700.0, 300.0, 500.0, 650.0]).__next__,
+               stop_requested=lambda: "SIGTERM" if next(calls) == 9 else None)
+    state, path = checkpoint.latest(tmp_path)
+    # saves at steps 4, 5 (a new best), 8 and the stop's 10, each with one reading: the largest,
+    # taken at step 4, is carried on though keep_last=3 has since deleted that checkpoint
+    assert path.name == "step_0000010.pt" and state["progress"]["peak_mem_mb"] == 700.0
+    assert not checkpoint.step_path(tmp_path, 4).exists()
+    _, res = _train(tmp_path, _cfg(), peak_mb=lambda: 100.0)  # this process: small
+    assert res.resumed_from == 10 and res.steps == 12
+    assert res.peak_mem_mb == 700.0
+    assert checkpoint.latest(tmp_path)[0]["progress"]["peak_mem_mb"] == 700.0
+    # without a reader (heads-lab prune's fine-tuning) nothing is recorded
+    _, fresh = _train(tmp_path / "other", _cfg())
+    assert fresh.peak_mem_mb == 0.0
+
+
 def test_resume_refuses_a_checkpoint_of_another_config(tmp_path):
     _train(tmp_path, _cfg(max_steps=4))
     split = _split(60)
