@@ -97,10 +97,9 @@ def train(
     With `checkpoints`, save every trainer.save_every steps and at the end, and (resume=auto)
     continue from the newest valid checkpoint. `stop_requested()` returning a signal name makes
     the loop save a checkpoint after the current update and raise Preempted. With `parallel`,
-    this process is one rank of a data-parallel group (see heads_lab.training.parallel). `extra` is a
-    term added to the loss once per update (its parameters are the model's too). `peak_mb()`,
-    this process's peak memory so far, is kept in every checkpoint as the largest of the
-    processes' (TrainResult.peak_mem_mb), so a resumed run reports its training's peak."""
+    this process is one rank of a data-parallel group (see heads_lab.training.parallel). `extra`:
+    a term added to the loss once per update. `peak_mb()`: this process's peak memory so far,
+    kept in every checkpoint as the largest of all the run's processes' (TrainResult's)."""
     return Trainer(model, train_split, valid_split, cfg, seed, device, on_log, checkpoints,
                    stop_requested, parallel, extra, peak_mb).run()
 
@@ -114,7 +113,7 @@ class Trainer:
         self.model, self.train_split, self.valid_split = model, train_split, valid_split
         self.cfg, self.seed, self.device, self.on_log = cfg, seed, device, on_log
         self.checkpoints, self.stop_requested = checkpoints, stop_requested
-        self.parallel, self.extra, self.peak_mb = parallel, extra, peak_mb
+        self.parallel, self.extra, self.peak_mb = parallel, extra, peak_mb or (lambda: 0.0)
         self.net = parallel.wrap(model) if parallel else model  # DistributedDataParallel on ranks
         # trainer.capture compiles forward, loss and backward (training.captured); else
         # trainer.compile the training forward only: checkpoints, validation, decoding use `model`
@@ -177,8 +176,7 @@ class Trainer:
     def save(self, best: bool = False) -> Path | None:
         if self.checkpoints is None:
             return None
-        if self.peak_mb is not None:
-            self.p.peak_mem_mb = max(self.p.peak_mem_mb, self.peak_mb())
+        self.p.peak_mem_mb = max(self.p.peak_mem_mb, self.peak_mb())
         state = {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
                  "scheduler": self.sched.state_dict(), "progress": asdict(self.p),
                  "rng": checkpoint.rng_state(), "vocab_size": self.model.vocab_size,
@@ -398,6 +396,5 @@ class Trainer:
             skipped_steps=p.skipped,
             resumed_from=self.resumed_from,
             stopped_by=stopped or ("max_steps" if p.step >= self.max_steps else "max_epochs"),
-            best_step=p.best_step,
-            peak_mem_mb=p.peak_mem_mb,
+            best_step=p.best_step, peak_mem_mb=p.peak_mem_mb,
         )
