@@ -10,7 +10,8 @@ one, else round(data.train_fraction × PAIRS) (PAIRS: the corpus' training pairs
 data.train_fraction subsets them; a report written before the column existed needs it). Left:
 test BLEU (mean ± std over the row's seeds); right: each h's BLEU minus h = 8's at the same data
 size (means), so a line above 0 is an h that beats 8 heads. In both, a data size whose points rest
-on fewer seeds than the most is marked n = k once, below its lowest point. Colour is h, marker
+on fewer seeds than the most is labelled once, below its lowest point: n = k, or the seeds per h
+where its rows differ (a difference rests on the fewer seeds of its two rows). Colour is h, marker
 and line style the corpus: the corpora differ in domain, so their lines are kept apart, never
 joined.
 """
@@ -78,15 +79,31 @@ def differences(points: list[Point]) -> dict[tuple[str, int], list[tuple[int, fl
     return out
 
 
-def few_seeds(points: list[Point]) -> dict[tuple[str, int], int]:
-    """(corpus, pairs) → the fewest seeds a point there rests on, where that is fewer than the
-    most of any point (a difference rests on the fewer of its two rows')."""
+def few_seeds(points: list[Point]) -> dict[tuple[str, int], str]:
+    """(corpus, pairs) → its "n = …" label, at the data sizes where a point rests on fewer seeds
+    than the most of any point: "n = 2" where all its points have 2, else the seeds per h,
+    "n = 2 (h = 1, 8)" over "n = 1 (h = 32)"."""
     most = max(p.runs for p in points)
-    fewest: dict[tuple[str, int], int] = {}
+    at: dict[tuple[str, int], dict[int, int]] = {}
     for p in points:
-        key = (p.corpus, p.pairs)
-        fewest[key] = min(fewest.get(key, most), p.runs)
-    return {key: n for key, n in fewest.items() if n < most}
+        at.setdefault((p.corpus, p.pairs), {})[p.h] = p.runs
+    return {key: seeds_label(runs) for key, runs in at.items() if min(runs.values()) < most}
+
+
+def diff_seeds(points: list[Point]) -> dict[tuple[str, int], str]:
+    """few_seeds for the differences: h − 8 rests on the fewer seeds of its two rows."""
+    base = {(p.corpus, p.pairs): p.runs for p in points if p.h == BASE_H}
+    return few_seeds([Point(p.corpus, p.h, p.pairs, 0.0, 0.0, min(p.runs, base[p.corpus, p.pairs]))
+                      for p in points if p.h != BASE_H and (p.corpus, p.pairs) in base])
+
+
+def seeds_label(runs: dict[int, int]) -> str:
+    """{h: seeds} → "n = 3", or a line per seed count, most first: "n = 2 (h = 1, 8)"."""
+    counts = sorted(set(runs.values()), reverse=True)
+    if len(counts) == 1:
+        return f"n = {counts[0]}"
+    return "\n".join(f"n = {n} (h = {', '.join(str(h) for h in sorted(runs) if runs[h] == n)})"
+                     for n in counts)
 
 
 def _lowest(items) -> dict[tuple[str, int], float]:
@@ -97,15 +114,20 @@ def _lowest(items) -> dict[tuple[str, int], float]:
     return low
 
 
-def _mark(ax, marks: dict[tuple[str, int], int], lowest: dict[tuple[str, int], float]) -> None:
-    """"n = k" once per marked data size, below its lowest point drawn on `ax` (room kept below
-    the lowest point of all, so a label there stays inside the axes)."""
+def _mark(ax, marks: dict[tuple[str, int], str], lowest: dict[tuple[str, int], float]) -> None:
+    """Each data size's label once, hanging below its lowest point drawn on `ax` on a white
+    ground (lines pass behind it; room kept below the lowest point of all; at the largest size it
+    ends at the point, inside the axes)."""
     if marks:
-        ax.margins(y=0.12)
-    for key, n in marks.items():
+        ax.margins(y=0.3 if any("\n" in text for text in marks.values()) else 0.12)
+    right = max((key[1] for key in lowest), default=0)
+    for key, text in marks.items():
         if key in lowest:
-            ax.annotate(f"n = {n}", (key[1], lowest[key]), xytext=(0, -14), ha="center",
-                        textcoords="offset points", fontsize=7)
+            edge = key[1] == right
+            ax.annotate(text, (key[1], lowest[key]), xytext=(6 if edge else 0, -8),
+                        textcoords="offset points", ha="right" if edge else "center", va="top",
+                        fontsize=7, bbox={"boxstyle": "round,pad=0.2", "fc": "white",
+                                          "ec": "none", "alpha": 0.85})
 
 
 def draw(points: list[Point], out: Path) -> None:
@@ -140,7 +162,7 @@ def draw(points: list[Point], out: Path) -> None:
     left.set_title(f"test BLEU (mean ± std over {most} seeds{fewer})")
     right.set_title(f"BLEU minus h = {BASE_H}'s at the same data size (means{fewer})")
     _mark(left, marks, _lowest(((p.corpus, p.pairs), p.bleu - p.std) for p in points))
-    _mark(right, marks, _lowest(((corpus, x), y) for (corpus, _), series in diffs.items()
+    _mark(right, diff_seeds(points), _lowest(((corpus, x), y) for (corpus, _), series in diffs.items()
                                 for x, y in series))
     ticks = sorted({p.pairs for p in points})
     for ax in (left, right):

@@ -40,11 +40,16 @@ def test_data_size_figure_joins_two_corpora_from_their_reports(tmp_path, capsys)
     points = script.read("A", old, 29000) + script.read("B", new, None)
     assert [(p.pairs, p.bleu, p.std) for p in points[:2]] == [(2900, 20.0, 1.0), (2900, 21.5, 0.5)]
     assert [p.runs for p in points] == [3, 3, 3, 3, 1, 1]
-    assert script.few_seeds(points) == {("B", 16478): 1}  # B's size on one seed: marked n = 1
+    assert script.few_seeds(points) == {("B", 16478): "n = 1"}  # B's size on one seed
+    assert script.diff_seeds(points) == {("B", 16478): "n = 1"}
     one = [p for p in points if p.corpus == "A" and p.pairs == 29000]
-    one[0].runs = 2  # a difference rests on the fewer seeds of its two rows
-    assert script.few_seeds(points) == {("A", 29000): 2, ("B", 16478): 1}
+    one[0].runs = 2  # h = 1 on two seeds, h = 8 on three: each h's seeds, most first
+    assert script.few_seeds(points) == {("A", 29000): "n = 3 (h = 8)\nn = 2 (h = 1)",
+                                        ("B", 16478): "n = 1"}
+    # ... and h = 1 − h = 8 rests on the fewer seeds of its two rows
+    assert script.diff_seeds(points) == {("A", 29000): "n = 2", ("B", 16478): "n = 1"}
     assert script.few_seeds([p for p in points if p.corpus == "B"]) == {}  # all on one seed
+    assert script.seeds_label({1: 2, 8: 2, 32: 1}) == "n = 2 (h = 1, 8)\nn = 1 (h = 32)"
     assert script.differences(points) == {("A", 1): [(2900, -1.5), (29000, 1.0)],
                                           ("B", 32): [(16478, -0.75)]}
     assert "A, h = 1 minus h = 8: 2,900: -1.50, 29,000: +1.00" in capsys.readouterr().out
