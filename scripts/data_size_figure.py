@@ -79,11 +79,13 @@ def differences(points: list[Point]) -> dict[tuple[str, int], list[tuple[int, fl
     return out
 
 
-def few_seeds(points: list[Point]) -> dict[tuple[str, int], str]:
+def few_seeds(points: list[Point], most: int | None = None) -> dict[tuple[str, int], str]:
     """(corpus, pairs) → its "n = …" label, at the data sizes where a point rests on fewer seeds
-    than the most of any point: "n = 2" where all its points have 2, else the seeds per h,
-    "n = 2 (h = 1, 8)" over "n = 1 (h = 32)"."""
-    most = max(p.runs for p in points)
+    than `most` (default: the most of any point): "n = 2" where all its points have 2, else the
+    seeds per h, "n = 2 (h = 1, 8)" over "n = 1 (h = 32)"."""
+    if not points:
+        return {}
+    most = most or max(p.runs for p in points)
     at: dict[tuple[str, int], dict[int, int]] = {}
     for p in points:
         at.setdefault((p.corpus, p.pairs), {})[p.h] = p.runs
@@ -94,7 +96,8 @@ def diff_seeds(points: list[Point]) -> dict[tuple[str, int], str]:
     """few_seeds for the differences: h − 8 rests on the fewer seeds of its two rows."""
     base = {(p.corpus, p.pairs): p.runs for p in points if p.h == BASE_H}
     return few_seeds([Point(p.corpus, p.h, p.pairs, 0.0, 0.0, min(p.runs, base[p.corpus, p.pairs]))
-                      for p in points if p.h != BASE_H and (p.corpus, p.pairs) in base])
+                      for p in points if p.h != BASE_H and (p.corpus, p.pairs) in base],
+                     most=max((p.runs for p in points), default=0))
 
 
 def seeds_label(runs: dict[int, int]) -> str:
@@ -157,12 +160,13 @@ def draw(points: list[Point], out: Path) -> None:
                    color=colours[h], label=f"{corpus}, h = {h}")
     right.axhline(0, color="grey", linewidth=1)
     most = max(p.runs for p in points)
-    marks = few_seeds(points)  # points on fewer seeds than the most: each size says so once
-    fewer = "; n = fewer, where marked" if marks else ""
-    left.set_title(f"test BLEU (mean ± std over {most} seeds{fewer})")
-    right.set_title(f"BLEU minus h = {BASE_H}'s at the same data size (means{fewer})")
+    marks, diff_marks = few_seeds(points), diff_seeds(points)  # each data size says so once
+    fewer = "; n = fewer, where marked"
+    left.set_title(f"test BLEU (mean ± std over {most} seeds{fewer if marks else ''})")
+    right.set_title(f"BLEU minus h = {BASE_H}'s at the same data size "
+                    f"(means{fewer if diff_marks else ''})")
     _mark(left, marks, _lowest(((p.corpus, p.pairs), p.bleu - p.std) for p in points))
-    _mark(right, diff_seeds(points), _lowest(((corpus, x), y) for (corpus, _), series in diffs.items()
+    _mark(right, diff_marks, _lowest(((corpus, x), y) for (corpus, _), series in diffs.items()
                                 for x, y in series))
     ticks = sorted({p.pairs for p in points})
     for ax in (left, right):

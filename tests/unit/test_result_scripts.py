@@ -50,6 +50,10 @@ def test_data_size_figure_joins_two_corpora_from_their_reports(tmp_path, capsys)
     assert script.diff_seeds(points) == {("A", 29000): "n = 2", ("B", 16478): "n = 1"}
     assert script.few_seeds([p for p in points if p.corpus == "B"]) == {}  # all on one seed
     assert script.seeds_label({1: 2, 8: 2, 32: 1}) == "n = 2 (h = 1, 8)\nn = 1 (h = 32)"
+    # differences are labelled against the figure's most seeds (3 here), not their own (2 each)
+    fewer = [script.Point("C", h, 100, 20.0, 0.0, 3 if h == 32 else 2) for h in (1, 8, 32)]
+    assert script.diff_seeds(fewer) == {("C", 100): "n = 2"}
+    assert script.diff_seeds([p for p in points if p.h != 8]) == {}  # no h = 8 row: no differences
     assert script.differences(points) == {("A", 1): [(2900, -1.5), (29000, 1.0)],
                                           ("B", 32): [(16478, -0.75)]}
     assert "A, h = 1 minus h = 8: 2,900: -1.50, 29,000: +1.00" in capsys.readouterr().out
