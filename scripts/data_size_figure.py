@@ -167,7 +167,7 @@ def draw(points: list[Point], out: Path) -> None:
                     f"(means{fewer if diff_marks else ''})")
     _mark(left, marks, _lowest(((p.corpus, p.pairs), p.bleu - p.std) for p in points))
     _mark(right, diff_marks, _lowest(((corpus, x), y) for (corpus, _), series in diffs.items()
-                                for x, y in series))
+                                     for x, y in series))
     ticks = sorted({p.pairs for p in points})
     for ax in (left, right):
         ax.set_xscale("log")
