@@ -25,7 +25,6 @@ import argparse
 import math
 import statistics
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +50,7 @@ from heads_lab.commands.report_rows import (
     swept,
 )
 from heads_lab.config.sites import KEPT_COLUMNS, SITES
+from heads_lab.output.curves import draw_valid_curves, tight
 from heads_lab.output.tables import to_rich, wide_console, write_csv, write_markdown
 from heads_lab.output.trackers import report_to_wandb
 from heads_lab.output.tracking import short_key
@@ -306,7 +306,7 @@ def plot(rows: list[Row], varying: list[str], split: str, out: Path) -> list[Pat
                           rotation=30, ha="right", fontsize=8)
         ax.grid(alpha=0.3)
     fig.suptitle(f"{len(rows)} rows: " + ", ".join(dict.fromkeys(short_key(k) for k in varying)))
-    _tight(fig)
+    tight(fig)
     first = out / "report_quality.png"
     fig.savefig(first, dpi=120)
     plt.close(fig)
@@ -325,7 +325,7 @@ def plot(rows: list[Row], varying: list[str], split: str, out: Path) -> list[Pat
     ax.set_ylabel(f"{split} BLEU")
     ax.grid(alpha=0.3)
     ax.set_title(f"{split} BLEU against {cost_name}", fontsize=10)
-    _tight(fig)
+    tight(fig)
     second = out / "report_quality_vs_cost.png"
     fig.savefig(second, dpi=120)
     plt.close(fig)
@@ -352,43 +352,7 @@ def plot_valid_curves(rows: list[Row], path: Path) -> Path | None:
     """Valid PPL against training step, a line per row (mean over its seeds), log y: where
     validation stops improving, and whether a step budget cut a row short (its best step is
     marked). None where no run kept its validation history."""
-    import matplotlib  # lazy: start-up time (matplotlib), as in every figure module
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # lazy: start-up time (matplotlib), after use("Agg")
-    import matplotlib.ticker  # lazy: as above
-
     data = valid_curves(rows)
-    if not any(len(steps) > 1 for steps, _ in data.values()):
-        return None  # no curve: one validation per run at most
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for label, (steps, ppl) in data.items():
-        (line,) = ax.plot(steps, ppl, marker=".", markersize=3, label=label)
-        best = min(range(len(ppl)), key=ppl.__getitem__)
-        ax.plot(steps[best], ppl[best], marker="*", markersize=10, color=line.get_color())
-    ax.set_yscale("log")
-    low = min(min(ppl) for _, ppl in data.values())
-    high = max(max(ppl) for _, ppl in data.values())
-    # the end of training readable (early, high PPL off the top), every row's best point shown
-    top = min(high, max(3 * low, max(min(ppl) for _, ppl in data.values()))) * 1.03
-    ax.set_ylim(low / 1.03, top)
-    ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
-    ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
-    ax.set_xlabel("training step")
-    ax.set_ylabel("valid PPL (log scale" + (", cut at the top)" if top < high else ")"))
     seeds = sorted({len(row.runs) for row in rows if row.label in data})
-    ax.set_title("valid PPL during training (★ its lowest; mean over "
-                 f"{'/'.join(map(str, seeds))} seed{'s' if seeds != [1] else ''})", fontsize=10)
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8, ncol=2 if len(data) > 6 else 1)
-    _tight(fig)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
-def _tight(fig) -> None:
-    """tight_layout, without matplotlib's warning where long labels leave it no room."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        fig.tight_layout()
+    return draw_valid_curves(data, path, "valid PPL during training (★ its lowest; mean over "
+                             f"{'/'.join(map(str, seeds))} seed{'s' if seeds != [1] else ''})")

@@ -5,8 +5,10 @@ results.json, and the summary and cost tables."""
 from __future__ import annotations
 
 import logging
+import math
 import os
 import platform
+import re
 import subprocess
 import time
 from importlib import metadata
@@ -27,6 +29,22 @@ from heads_lab.output.progress import clock
 
 log = logging.getLogger(__name__)
 console = Console(soft_wrap=True)  # a long line (a path) stays one line in a log file
+VALID_LINE = "step %d  valid loss %.4f  ppl %.2f"  # each validation, in train.log
+
+
+def valid_history_from_log(text: str) -> list[dict[str, float]]:
+    """A run's validations read back from its train.log (VALID_LINE), for a run that has no
+    results.json yet (running, killed, cut): [{"step", "valid/loss", "valid/ppl"}] by step, as
+    results.json's train.valid_history. A step validated twice (a resumed run redoes the
+    validations after its last checkpoint) keeps its last line; valid/ppl is exp of the logged
+    4-decimal loss, not the 2-decimal ppl."""
+    pattern = re.compile(r"step (\d+)  valid loss (\S+)  ppl \S+$")
+    found = {}
+    for line in text.splitlines():
+        if m := pattern.search(line.rstrip()):
+            found[int(m[1])] = float(m[2])
+    return [{"step": s, "valid/loss": found[s], "valid/ppl": math.exp(found[s])}
+            for s in sorted(found)]
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -132,8 +150,7 @@ class Tracker:
         if "train/loss" in metrics and self.progress is not None:
             log.info(self.progress_line(step, metrics))
         if "valid/ppl" in metrics:
-            log.info("step %d  valid loss %.4f  ppl %.2f", step, metrics["valid/loss"],
-                     metrics["valid/ppl"])
+            log.info(VALID_LINE, step, metrics["valid/loss"], metrics["valid/ppl"])
         for tracker in [t for t in self.trackers if t not in self.broken]:
             try:
                 tracker.log(step, metrics)

@@ -307,3 +307,40 @@ def test_valid_curves_skip_diverged_validations_and_show_every_rows_best(tmp_pat
     assert curves["low"] == ([2, 3], [10.0, 5.0])
     path = plot_valid_curves(rows, tmp_path / "curves.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_runs_validations_read_back_from_its_log_match_its_results(sweep, tmp_path, capsys):
+    """scripts/valid_curves.py draws a run without results.json (cut by a time limit) from its
+    train.log: the validations read back from real runs' logs equal their results.json's, and a
+    copy of a run with its results.json deleted is drawn from its log, its label saying so."""
+    import shutil
+
+    from heads_lab.output.tracking import valid_history_from_log
+    from tests.unit.test_result_scripts import _script
+
+    found = sorted(sweep.rglob("results.json"))
+    for path in found:
+        history = json.loads(path.read_text())["train"]["valid_history"]
+        logged = valid_history_from_log((path.parent / "train.log").read_text())
+        assert [h["step"] for h in logged] == [h["step"] for h in history] and len(history) >= 2
+        for got, want in zip(logged, history, strict=True):
+            assert got["valid/loss"] == pytest.approx(want["valid/loss"], abs=5.1e-5)
+            assert got["valid/ppl"] == pytest.approx(want["valid/ppl"], rel=1e-4)
+    cut = tmp_path / "cut"
+    shutil.copytree(found[0].parent, cut)
+    (cut / "results.json").unlink()
+    out = tmp_path / "fig" / "curves.png"
+    script = _script("valid_curves")
+    assert script.main(["--out", str(out), "--dashed", "cut", "--run", "h = 1, done",
+                        str(found[0].parent), "--run", "h = 1, cut", str(cut)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with open(out.with_suffix(".csv"), newline="") as f:
+        rows = list(csv.DictReader(f))
+    last = json.loads(found[0].read_text())["train"]["valid_history"][-1]["step"]
+    assert {r["source"] for r in rows} == {"results.json", "train.log"}
+    assert f"h = 1, cut (no result; validated to step {last:,})" in {r["run"] for r in rows}
+    assert f"h = 1, cut (no result; validated to step {last:,}): last step {last:,}" \
+        in capsys.readouterr().out
+    (cut / "train.log").unlink()
+    with pytest.raises(SystemExit, match="neither results.json nor train.log"):
+        script.main(["--out", str(out), "--run", "x", str(cut)])

@@ -80,3 +80,23 @@ def test_head_roles_table_refuses_a_file_it_cannot_read(tmp_path):
     script = _script("head_roles_table")
     with pytest.raises(SystemExit, match="no section"):
         script.summarise("x", "# not an analysis\n")
+
+
+def test_valid_history_from_log_keeps_a_resumed_runs_last_validation_of_a_step():
+    """A run killed after step 400's validation but before its checkpoint validates step 400
+    again when resumed: the log has both lines, and the second is the one the run went on from.
+    PPL is exp of the 4-decimal loss, not the 2-decimal PPL printed beside it."""
+    import math
+
+    from heads_lab.output.tracking import VALID_LINE, valid_history_from_log
+
+    prefix = "[2026-11-27 22:31:30,735][heads_lab.output.tracking][INFO] "
+    lines = [prefix + VALID_LINE % (s, loss, math.exp(loss))
+             for s, loss in [(200, 2.5), (400, 2.25), (400, 2.2612), (600, 2.0)]]
+    text = "\n".join([prefix + "step 400/6000  loss 3.482  lr 7.74e-04  48,374 tok/s", *lines,
+                      "[11/27/26 22:31:30] INFO " + VALID_LINE % (800, 1.9, 6.69)])  # rich's
+    got = valid_history_from_log(text + "\n")
+    assert [(h["step"], h["valid/loss"]) for h in got] == [(200, 2.5), (400, 2.2612),
+                                                          (600, 2.0), (800, 1.9)]
+    assert got[1]["valid/ppl"] == pytest.approx(math.exp(2.2612), rel=1e-12)
+    assert valid_history_from_log("no validation here\n") == []

@@ -1,0 +1,58 @@
+"""The validation-curve figure (valid PPL against training step, a line per row or run): from
+`heads-lab report`'s rows and from scripts/valid_curves.py's runs; and tight, the figures' layout."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+
+def draw_valid_curves(data: dict[str, tuple[list[int], list[float]]], path: Path, title: str,
+                      styles: dict[str, dict] | None = None,
+                      legend_below: bool = False) -> Path | None:
+    """Valid PPL against training step from {label: (steps, valid PPL)}, a line per label, log y,
+    each line's lowest point starred (report.plot_valid_curves: a row's mean over its seeds;
+    scripts/valid_curves.py: one run each). styles: a label's own line settings (color,
+    linestyle); legend_below: the legend under the axes, off every line. None where no label has
+    two points."""
+    import matplotlib  # lazy: start-up time (matplotlib), as in every figure module
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # lazy: start-up time (matplotlib), after use("Agg")
+    import matplotlib.ticker  # lazy: as above
+
+    if not any(len(steps) > 1 for steps, _ in data.values()):
+        return None  # no curve: one validation per run at most
+    fig, ax = plt.subplots(figsize=(6.5, 4.2 + (0.18 * len(data) if legend_below else 0)))
+    for label, (steps, ppl) in data.items():
+        (line,) = ax.plot(steps, ppl, marker=".", markersize=3, label=label,
+                          **(styles or {}).get(label, {}))
+        best = min(range(len(ppl)), key=ppl.__getitem__)
+        ax.plot(steps[best], ppl[best], marker="*", markersize=10, color=line.get_color())
+    ax.set_yscale("log")
+    low = min(min(ppl) for _, ppl in data.values())
+    high = max(max(ppl) for _, ppl in data.values())
+    # the end of training readable (early, high PPL off the top), every row's best point shown
+    top = min(high, max(3 * low, max(min(ppl) for _, ppl in data.values()))) * 1.03
+    ax.set_ylim(low / 1.03, top)
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.set_xlabel("training step")
+    ax.set_ylabel("valid PPL (log scale" + (", cut at the top)" if top < high else ")"))
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    if legend_below:
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
+    else:
+        ax.legend(fontsize=8, ncol=2 if len(data) > 6 else 1)
+    tight(fig)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def tight(fig) -> None:
+    """tight_layout, without matplotlib's warning where long labels leave it no room."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        fig.tight_layout()

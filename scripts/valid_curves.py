@@ -1,0 +1,77 @@
+"""Valid PPL against training step for single runs, finished or not: a study's figure where some
+runs were cut before their results.json (a time limit, a killed job), drawn from the runs' files.
+
+    python scripts/valid_curves.py --out results/table_a_tatoeba_base_gpu/valid_curves.png \
+        --run 'h = 1' RUN_DIR --run 'h = 8' RUN_DIR ...
+
+Each --run is a label and a run's directory (its name may hold '=': Hydra's). A run's curve is
+results.json's train.valid_history where the run finished, else the validations its train.log
+recorded (heads_lab.output.tracking.VALID_LINE); such a run's label says where it stopped.
+Lines whose labels begin alike (up to the first comma: 'h = 8, base size') share a colour;
+--dashed TEXT dashes the lines whose label holds TEXT. The legend sits below the axes. Writes
+the figure (--out) and, beside it, a CSV of every point (label, step, valid loss, valid PPL,
+source), and prints each run's last and lowest validation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from pathlib import Path
+
+from heads_lab.output.curves import draw_valid_curves
+from heads_lab.output.tracking import valid_history_from_log
+
+
+def history(run: Path) -> tuple[list[dict[str, float]], str]:
+    """The run's validations and where they were read: results.json, else train.log."""
+    results = run / "results.json"
+    if results.is_file():
+        return json.loads(results.read_text()).get("train", {}).get("valid_history") or [], \
+            "results.json"
+    log = run / "train.log"
+    if not log.is_file():
+        raise SystemExit(f"valid_curves: {run} has neither results.json nor train.log: "
+                         "pass a run's directory (the one with .hydra/)")
+    return valid_history_from_log(log.read_text(errors="replace")), "train.log"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, type=Path, help="the figure (.png)")
+    parser.add_argument("--title", default="valid PPL during training (★ its lowest; one run each)")
+    parser.add_argument("--dashed", default=None, metavar="TEXT",
+                        help="dash the lines whose label holds TEXT")
+    parser.add_argument("--run", nargs=2, action="append", required=True,
+                        metavar=("LABEL", "RUN_DIR"), help="a line: its label and run directory")
+    opts = parser.parse_args(argv)
+    data, rows, styles, colours = {}, [], {}, {}
+    for label, run in opts.run:
+        colour = colours.setdefault(label.split(",")[0], f"C{len(colours)}")
+        style = {"color": colour, "linestyle": "--" if opts.dashed and opts.dashed in label else "-"}
+        points, source = history(Path(run).expanduser())
+        if not points:
+            raise SystemExit(f"valid_curves: {run} recorded no validation ({source})")
+        if source == "train.log":
+            label = f"{label} (no result; validated to step {points[-1]['step']:,})"
+        styles[label] = style
+        data[label] = ([p["step"] for p in points], [p["valid/ppl"] for p in points])
+        rows += [[label, p["step"], f"{p['valid/loss']:.4f}", f"{p['valid/ppl']:.3f}", source]
+                 for p in points]
+        best = min(points, key=lambda p: p["valid/ppl"])
+        print(f"{label}: last step {points[-1]['step']:,} PPL {points[-1]['valid/ppl']:.2f}; "
+              f"lowest {best['valid/ppl']:.2f} at step {best['step']:,} ({source})")
+    opts.out.parent.mkdir(parents=True, exist_ok=True)
+    if draw_valid_curves(data, opts.out, opts.title, styles, legend_below=True) is None:
+        raise SystemExit("valid_curves: no run has two validations: nothing to draw")
+    with opts.out.with_suffix(".csv").open("w", newline="") as f:
+        csv.writer(f).writerows([["run", "step", "valid loss", "valid PPL", "source"], *rows])
+    print(f"wrote {opts.out} and {opts.out.with_suffix('.csv')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
