@@ -414,7 +414,9 @@ class Check:
     def studies(self, allowed: float):
         """Each --study in turn: the preset's sweep (its overrides after heads-lab's GPU ones),
         then its report. A study that would overrun what is left is stopped; its finished runs
-        are kept and reported, and the studies after it are cut."""
+        are kept and reported, and the studies after it are cut. The last study on a GPU may run
+        to the end (a run cut for its report's 30 s is lost; a report can be made later from the
+        runs' files): its report is made only where time is left."""
         ended = time.monotonic() + allowed
         said, failed, cut = [], False, False
         presets = [spec.split()[0] for spec in self.opts.study]
@@ -422,6 +424,7 @@ class Check:
             preset, *extra = spec.split()
             name = preset if presets.count(preset) == 1 else f"{preset}-{i + 1}"
             sweep, report_s = self.out / name, 60 if self.opts.cpu else 30
+            last = i == len(self.opts.study) - 1 and not self.opts.cpu
             left = ended - time.monotonic()
             if left < report_s + 30 and not self.opts.cpu:
                 said.append(f"{name}: cut ({left:.0f} s left)")
@@ -429,14 +432,16 @@ class Check:
                 continue
             try:
                 exit_code = self.sh(name, self.sweep_command(sweep, preset, extra),
-                                    left - report_s).returncode
+                                    left - (0 if last else report_s)).returncode
                 how, stopped = f"exit {exit_code}", False
             except subprocess.TimeoutExpired:  # stopped at the time left: not a failure
                 exit_code, how, stopped = 0, "stopped at the time left", True
             cut |= stopped
             done = sorted(sweep.glob("*/results.json"))
             failed |= exit_code != 0 or (not done and not stopped)
-            if done:
+            if done and last and ended - time.monotonic() < 10:
+                how += f", no time left for its report: heads-lab report {sweep}"
+            elif done:
                 rep = self.sh(f"{name}_report", self.heads_lab("report", str(sweep)),
                               max(1.0, min(report_s, ended - time.monotonic())))
                 how += f", report exit {rep.returncode}"

@@ -139,6 +139,46 @@ def test_a_study_stopped_at_the_time_left_keeps_and_reports_its_finished_runs(tm
     assert check.studies(600.0)[0] == "cut"
 
 
+
+def test_the_last_study_on_a_gpu_runs_to_the_end_and_its_report_waits(tmp_path, monkeypatch):
+    """On a GPU the last study's sweep gets all the time left, not that less its report's 30 s
+    (a run cut for a report is lost; the report can be made from the files later): with no time
+    left after it, its report is not made and the detail says how to make it. An earlier study
+    still leaves 30 s for its report."""
+    import argparse
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    clock = [1000.0]
+    monkeypatch.setattr(gpu_check.time, "monotonic", lambda: clock[0])
+    opts = argparse.Namespace(out=str(tmp_path / "out"), cpu=False, jobs=3, budget=540.0,
+                              study=["kv_heads", "table_a"])
+    check = gpu_check.Check(opts)
+    calls = []
+
+    def sh(name, cmd, timeout):
+        calls.append((name, timeout))
+        if name == "kv_heads_report":
+            return subprocess.CompletedProcess(cmd, 0)
+        run = check.out / name / "0_run"
+        run.mkdir(parents=True)
+        (run / "results.json").write_text("{}")
+        clock[0] += 100.0 if name == "kv_heads" else timeout  # table_a: to the very end
+        if name == "kv_heads":
+            return subprocess.CompletedProcess(cmd, 0)
+        raise subprocess.TimeoutExpired(cmd, timeout)
+
+    check.sh = sh
+    status, detail = check.studies(500.0)
+    assert [c[0] for c in calls] == ["kv_heads", "kv_heads_report", "table_a"]
+    assert calls[0][1] == 470.0  # the first study: 500 s less its report's 30
+    assert calls[2][1] == 400.0  # the last: all 400 s left
+    assert f"table_a: 1 runs finished (stopped at the time left, no time left for its report: " \
+        f"heads-lab report {check.out / 'table_a'}" in detail
+    assert status == "cut"
+
 def test_a_small_budget_still_gives_a_part_the_time_it_takes_whole(tmp_path):
     """--parts tests,studies --budget 230: the tests' 20 % share (46 s) cut them on an H100 (they
     take ~50 s); a part gets the larger of its share and its whole time, while the later parts
