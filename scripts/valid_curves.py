@@ -6,7 +6,8 @@ runs were cut before their results.json (a time limit, a killed job), drawn from
 
 Each --run is a label and a run's directory (its name may hold '=': Hydra's). A run's curve is
 results.json's train.valid_history where the run finished, else the validations its train.log
-recorded (heads_lab.output.tracking.VALID_LINE); such a run's label says where it stopped.
+recorded (heads_lab.output.tracking.VALID_LINE); such a run's label says so, and where it
+stopped. A validation that diverged (NaN) has no point.
 Lines whose labels begin alike (up to the first comma: 'h = 8, base size') share a colour;
 --dashed TEXT dashes the lines whose label holds TEXT. The legend sits below the axes. Writes
 the figure (--out) and, beside it, a CSV of every point (label, step, valid loss, valid PPL,
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -43,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, type=Path, help="the figure (.png)")
     parser.add_argument("--title", default="valid PPL during training (★ its lowest; one run each)")
+    parser.add_argument("--ymax", type=float, default=None,
+                        help="the PPL axis' top (default: at most 3× the lowest point)")
     parser.add_argument("--dashed", default=None, metavar="TEXT",
                         help="dash the lines whose label holds TEXT")
     parser.add_argument("--run", nargs=2, action="append", required=True,
@@ -53,10 +57,11 @@ def main(argv: list[str] | None = None) -> int:
         colour = colours.setdefault(label.split(",")[0], f"C{len(colours)}")
         style = {"color": colour, "linestyle": "--" if opts.dashed and opts.dashed in label else "-"}
         points, source = history(Path(run).expanduser())
+        points = [p for p in points if math.isfinite(p["valid/ppl"])]
         if not points:
-            raise SystemExit(f"valid_curves: {run} recorded no validation ({source})")
+            raise SystemExit(f"valid_curves: {run} recorded no finite validation ({source})")
         if source == "train.log":
-            label = f"{label} (no result; validated to step {points[-1]['step']:,})"
+            label = f"{label} (from its train.log, to step {points[-1]['step']:,})"
         styles[label] = style
         data[label] = ([p["step"] for p in points], [p["valid/ppl"] for p in points])
         rows += [[label, p["step"], f"{p['valid/loss']:.4f}", f"{p['valid/ppl']:.3f}", source]
@@ -65,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{label}: last step {points[-1]['step']:,} PPL {points[-1]['valid/ppl']:.2f}; "
               f"lowest {best['valid/ppl']:.2f} at step {best['step']:,} ({source})")
     opts.out.parent.mkdir(parents=True, exist_ok=True)
-    if draw_valid_curves(data, opts.out, opts.title, styles, legend_below=True) is None:
+    if draw_valid_curves(data, opts.out, opts.title, styles, True, opts.ymax) is None:
         raise SystemExit("valid_curves: no run has two validations: nothing to draw")
     with opts.out.with_suffix(".csv").open("w", newline="") as f:
         csv.writer(f).writerows([["run", "step", "valid loss", "valid PPL", "source"], *rows])

@@ -8,13 +8,14 @@ from pathlib import Path
 
 
 def draw_valid_curves(data: dict[str, tuple[list[int], list[float]]], path: Path, title: str,
-                      styles: dict[str, dict] | None = None,
-                      legend_below: bool = False) -> Path | None:
+                      styles: dict[str, dict] | None = None, legend_below: bool = False,
+                      ymax: float | None = None) -> Path | None:
     """Valid PPL against training step from {label: (steps, valid PPL)}, a line per label, log y,
     each line's lowest point starred (report.plot_valid_curves: a row's mean over its seeds;
     scripts/valid_curves.py: one run each). styles: a label's own line settings (color,
-    linestyle); legend_below: the legend under the axes, off every line. None where no label has
-    two points."""
+    linestyle); legend_below: the legend under the axes, off every line; ymax: the axis' top
+    (else the lines' ends readable: at most 3× the lowest point). None where no label has two
+    points."""
     import matplotlib  # lazy: start-up time (matplotlib), as in every figure module
 
     matplotlib.use("Agg")
@@ -23,7 +24,7 @@ def draw_valid_curves(data: dict[str, tuple[list[int], list[float]]], path: Path
 
     if not any(len(steps) > 1 for steps, _ in data.values()):
         return None  # no curve: one validation per run at most
-    fig, ax = plt.subplots(figsize=(6.5, 4.2 + (0.18 * len(data) if legend_below else 0)))
+    fig, ax = plt.subplots(figsize=(6.5, 4.2 + (0.16 * len(data) if legend_below else 0)))
     for label, (steps, ppl) in data.items():
         (line,) = ax.plot(steps, ppl, marker=".", markersize=3, label=label,
                           **(styles or {}).get(label, {}))
@@ -33,7 +34,7 @@ def draw_valid_curves(data: dict[str, tuple[list[int], list[float]]], path: Path
     low = min(min(ppl) for _, ppl in data.values())
     high = max(max(ppl) for _, ppl in data.values())
     # the end of training readable (early, high PPL off the top), every row's best point shown
-    top = min(high, max(3 * low, max(min(ppl) for _, ppl in data.values()))) * 1.03
+    top = ymax or min(high, max(3 * low, max(min(ppl) for _, ppl in data.values()))) * 1.03
     ax.set_ylim(low / 1.03, top)
     ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
     ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))

@@ -37,14 +37,15 @@ def valid_history_from_log(text: str) -> list[dict[str, float]]:
     results.json yet (running, killed, cut): [{"step", "valid/loss", "valid/ppl"}] by step, as
     results.json's train.valid_history. A step validated twice (a resumed run redoes the
     validations after its last checkpoint) keeps its last line; valid/ppl is exp of the logged
-    4-decimal loss, not the 2-decimal ppl."""
+    4-decimal loss, not the 2-decimal ppl. A validation a resumed run did not redo (it stopped
+    earlier, by patience) stays in."""
     pattern = re.compile(r"step (\d+)  valid loss (\S+)  ppl \S+$")
     found = {}
     for line in text.splitlines():
         if m := pattern.search(line.rstrip()):
             found[int(m[1])] = float(m[2])
-    return [{"step": s, "valid/loss": found[s], "valid/ppl": math.exp(found[s])}
-            for s in sorted(found)]
+    return [{"step": s, "valid/loss": found[s], "valid/ppl": math.exp(min(found[s], 50.0))}
+            for s in sorted(found)]  # capped as evaluate.perplexity caps it
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

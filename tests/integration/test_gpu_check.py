@@ -5,6 +5,7 @@ the bench and a two-run table_a study run tiny, and the report is written."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -139,12 +140,12 @@ def test_a_study_stopped_at_the_time_left_keeps_and_reports_its_finished_runs(tm
     assert check.studies(600.0)[0] == "cut"
 
 
-
 def test_the_last_study_on_a_gpu_runs_to_the_end_and_its_report_waits(tmp_path, monkeypatch):
     """On a GPU the last study's sweep gets all the time left, not that less its report's 30 s
     (a run cut for a report is lost; the report can be made from the files later): with no time
-    left after it, its report is not made and the detail says how to make it. An earlier study
-    still leaves 30 s for its report."""
+    left after it, its report is not made and the detail says how to make it; with 20 s left it
+    is made in them; a report that meets the end is stopped, not failed. An earlier study still
+    leaves 30 s for its report."""
     import argparse
     import importlib.util
 
@@ -177,6 +178,35 @@ def test_the_last_study_on_a_gpu_runs_to_the_end_and_its_report_waits(tmp_path, 
     assert calls[2][1] == 400.0  # the last: all 400 s left
     assert f"table_a: 1 runs finished (stopped at the time left, no time left for its report: " \
         f"heads-lab report {check.out / 'table_a'}" in detail
+    assert status == "cut"
+    # with 20 s left after it, the last study's report is made, in the time left
+    shutil.rmtree(check.out / "kv_heads")
+    shutil.rmtree(check.out / "table_a")
+    calls.clear()
+
+    def early(name, cmd, timeout):  # every sweep finishes its run; table_a 20 s before the end
+        calls.append((name, timeout))
+        if not name.endswith("_report"):
+            (check.out / name / "0_run").mkdir(parents=True)
+            (check.out / name / "0_run" / "results.json").write_text("{}")
+            clock[0] += timeout - 20 if name == "table_a" else 1
+        return subprocess.CompletedProcess(cmd, 0)
+
+    check.sh = early
+    status, detail = check.studies(500.0)
+    assert [c[0] for c in calls] == ["kv_heads", "kv_heads_report", "table_a", "table_a_report"]
+    assert calls[3][1] == 20.0 and "table_a: 1 runs finished (exit 0, report exit 0" in detail
+    assert status == "ok"
+
+    # a report that meets the end is stopped, not a failure: its runs are kept
+    def slow_report(name, cmd, timeout):
+        if name == "table_a_report":
+            raise subprocess.TimeoutExpired(cmd, timeout)
+        return subprocess.CompletedProcess(cmd, 0)
+
+    check.opts.study, check.sh = ["table_a"], slow_report
+    status, detail = check.studies(500.0)
+    assert f"report stopped at the time left: heads-lab report {check.out / 'table_a'}" in detail
     assert status == "cut"
 
 def test_a_small_budget_still_gives_a_part_the_time_it_takes_whole(tmp_path):

@@ -338,8 +338,8 @@ def test_a_runs_validations_read_back_from_its_log_match_its_results(sweep, tmp_
         rows = list(csv.DictReader(f))
     last = json.loads(found[0].read_text())["train"]["valid_history"][-1]["step"]
     assert {r["source"] for r in rows} == {"results.json", "train.log"}
-    assert f"h = 1, cut (no result; validated to step {last:,})" in {r["run"] for r in rows}
-    assert f"h = 1, cut (no result; validated to step {last:,}): last step {last:,}" \
+    assert f"h = 1, cut (from its train.log, to step {last:,})" in {r["run"] for r in rows}
+    assert f"h = 1, cut (from its train.log, to step {last:,}): last step {last:,}" \
         in capsys.readouterr().out
     (cut / "train.log").unlink()
     with pytest.raises(SystemExit, match="neither results.json nor train.log"):

@@ -94,9 +94,43 @@ def test_valid_history_from_log_keeps_a_resumed_runs_last_validation_of_a_step()
     lines = [prefix + VALID_LINE % (s, loss, math.exp(loss))
              for s, loss in [(200, 2.5), (400, 2.25), (400, 2.2612), (600, 2.0)]]
     text = "\n".join([prefix + "step 400/6000  loss 3.482  lr 7.74e-04  48,374 tok/s", *lines,
-                      "[11/27/26 22:31:30] INFO " + VALID_LINE % (800, 1.9, 6.69)])  # rich's
+                      # rich's console line, padded to the terminal's width
+                      "[11/27/26 22:31:30] INFO " + VALID_LINE % (800, 1.9, 6.69) + "    ",
+                      prefix + VALID_LINE % (1000, 800.0, math.inf)])  # diverged: exp overflows
     got = valid_history_from_log(text + "\n")
     assert [(h["step"], h["valid/loss"]) for h in got] == [(200, 2.5), (400, 2.2612),
-                                                          (600, 2.0), (800, 1.9)]
+                                                          (600, 2.0), (800, 1.9), (1000, 800.0)]
     assert got[1]["valid/ppl"] == pytest.approx(math.exp(2.2612), rel=1e-12)
+    assert got[4]["valid/ppl"] == math.exp(50.0)  # capped, as evaluate.perplexity caps it
     assert valid_history_from_log("no validation here\n") == []
+
+
+def test_valid_curves_leaves_out_diverged_validations_and_takes_a_set_top(tmp_path, capsys,
+                                                                          monkeypatch):
+    """A NaN validation has no point (nor is it the lowest); --ymax sets the axis' top; a
+    directory with no run files is refused in one line."""
+    import json
+    import math
+
+    import matplotlib.axes
+
+    script = _script("valid_curves")
+    limits = []
+    set_ylim = matplotlib.axes.Axes.set_ylim
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_ylim",
+                        lambda ax, *a, **k: limits.append(a) or set_ylim(ax, *a, **k))
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.json").write_text(json.dumps({"train": {"valid_history": [
+        {"step": 100, "valid/loss": math.nan, "valid/ppl": math.nan},
+        {"step": 200, "valid/loss": 2.0, "valid/ppl": math.exp(2.0)},
+        {"step": 300, "valid/loss": 1.5, "valid/ppl": math.exp(1.5)}]}}))
+    out = tmp_path / "curves.png"
+    assert script.main(["--out", str(out), "--ymax", "30", "--run", "h = 8", str(run)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert limits[-1] == (math.exp(1.5) / 1.03, 30.0)  # the last: ours, after autoscaling
+    assert [line.split(",")[1] for line in out.with_suffix(".csv").read_text().splitlines()] == \
+        ["step", "200", "300"]
+    assert f"lowest {math.exp(1.5):.2f} at step 300 (results.json)" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="neither results.json nor train.log"):
+        script.main(["--out", str(out), "--run", "x", str(tmp_path / "empty")])
