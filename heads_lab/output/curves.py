@@ -47,7 +47,7 @@ def draw_valid_curves(data: dict[str, tuple[list[int], list[float]]], path: Path
     else:
         ax.legend(fontsize=8, ncol=2 if len(data) > 6 else 1)
     tight(fig)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, **({"bbox_inches": "tight"} if legend_below else {}))
     plt.close(fig)
     return path
 
