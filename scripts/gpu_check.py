@@ -85,19 +85,6 @@ DRY_STUDY = ["data=synthetic", "model=tiny", "trainer.max_steps=20", "trainer.va
              "trainer.device=cpu", "hydra.launcher.n_jobs=2"]
 
 
-def evaluates_best(preset: str, extra: list[str]) -> bool:
-    """Whether a preset's runs (with the study's overrides) evaluate checkpoints/best.pt
-    (`eval.checkpoint=best`, as heads_by_data does), which a run without checkpoints refuses."""
-    choice = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in extra if "=" in a}.get("eval.checkpoint")
-    path = ROOT / "conf" / "experiment" / f"{preset}.yaml"
-    # yaml, not omegaconf: this process runs before the wheels are installed; the image has pyyaml
-    if choice is None and path.is_file():
-        import yaml
-
-        choice = ((yaml.safe_load(path.read_text()) or {}).get("eval") or {}).get("checkpoint")
-    return choice == "best"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpu_check.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -250,11 +237,13 @@ class Check:
 
     def sweep_command(self, sweep: Path, preset: str, extra: list[str]) -> list[str]:
         """`heads-lab train -m` of a preset's sweep into `sweep`: on the GPU (--jobs at once) or,
-        in the dry run, tiny on CPU; the study's own overrides (`extra`) win over these."""
-        ours = DRY_STUDY if self.opts.cpu else ["trainer.device=cuda",
-                                                 f"hydra.launcher.n_jobs={self.opts.jobs}"]
-        if not evaluates_best(preset, extra):  # no checkpoint is read back: write none
-            ours = [*ours, "trainer.save_checkpoint=false"]
+        in the dry run, tiny on CPU; the study's own overrides (`extra`) win over these. No
+        checkpoints: none comes back from the GPU machine, nor resumes there (each call starts a
+        bare one), and writing them costs GPU time (a d_model-512 run's full state is ~0.6 GB a
+        new best); eval.checkpoint=best keeps the best weights in memory instead."""
+        ours = [*(DRY_STUDY if self.opts.cpu else ["trainer.device=cuda",
+                                                    f"hydra.launcher.n_jobs={self.opts.jobs}"]),
+                "trainer.save_checkpoint=false"]
         keys = {a.split("=")[0] for a in extra}
         return self.heads_lab("train", "-m", "hydra/launcher=local", "trainer.threads=1",
                               "logger=none", f"hydra.sweep.dir={sweep}", f"+experiment={preset}",

@@ -23,7 +23,7 @@ from heads_lab.model import Transformer, kernels
 from heads_lab.model.decode import beam_search, greedy
 from heads_lab.training.captured import CapturedLoss
 from heads_lab.training.device import autocast, synchronize
-from heads_lab.training.loop import adam
+from heads_lab.training.optim import adam
 
 CPU = torch.device("cpu")
 

@@ -209,7 +209,8 @@ def gate_table(results: list[dict]):
 def gates_from_trained(run, config, model, corpus, eval_split, device, out: Path) -> dict:
     # lazy: start-up time (torch)
     from heads_lab.model.heads import count_heads, fold_gates, format_heads, install_gates, remove_heads
-    from heads_lab.training.loop import inverse_sqrt, train  # lazy: start-up time (torch)
+    from heads_lab.training.loop import train  # lazy: start-up time (torch)
+    from heads_lab.training.optim import inverse_sqrt  # lazy: as above
 
     p, t = run.prune, run.trainer
     before = evaluate(model, eval_split, corpus, run, device)

@@ -80,7 +80,8 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
         with stop_signals() as stop:
             result = train(model, train_split, corpus.splits["valid"], run.trainer, run.seed,
                            device, tracker.log, checkpoints=checkpoints, stop_requested=stop,
-                           parallel=ranks, extra=gates_of(model), peak_mb=peak.mb)
+                           parallel=ranks, extra=gates_of(model), peak_mb=peak.mb,
+                           keep_best=_best_in_memory(run))
         tracker.stop_progress()
         if result.resumed_from is not None:
             log.info("resumed from step %d; trained to step %d", result.resumed_from, result.steps)
@@ -227,14 +228,32 @@ def _data(run: RunConfig, run_dir: Path, main_rank: bool):
     return corpus
 
 
+def _evaluates_best(run: RunConfig) -> bool:
+    return str(getattr(run.eval.checkpoint, "value", run.eval.checkpoint)) == "best"
+
+
+def _best_in_memory(run: RunConfig) -> bool:
+    """eval.checkpoint=best without checkpoints (trainer.save_checkpoint=false): the training
+    loop keeps the best validation's weights in memory instead of checkpoints/best.pt."""
+    return _evaluates_best(run) and not run.trainer.save_checkpoint
+
+
 def _evaluated_weights(run: RunConfig, model, run_dir: Path, result) -> dict[str, Any]:
-    """eval.checkpoint=best: the best validation's weights (checkpoints/best.pt) into the model
-    before it is evaluated. Returns which weights are evaluated, for results.json."""
-    if str(getattr(run.eval.checkpoint, "value", run.eval.checkpoint)) != "best":
+    """eval.checkpoint=best: the best validation's weights (checkpoints/best.pt, or the copy the
+    loop kept in memory where no checkpoint is written) into the model before it is evaluated.
+    Returns which weights are evaluated, for results.json."""
+    if not _evaluates_best(run):
         return {"checkpoint": "last", "step": result.steps}
-    state = checkpoint.load(checkpoint.checkpoint_dir(run_dir) / "best.pt")
-    model.load_state_dict(state["model"])
-    step = state["progress"]["step"]
+    if _best_in_memory(run):
+        if result.best_weights is None:  # no finite validation: there is no best
+            log.warning("no validation set a best loss: evaluating the last weights")
+            return {"checkpoint": "last", "step": result.steps}
+        model.load_state_dict(result.best_weights)
+        step = result.best_step
+    else:
+        state = checkpoint.load(checkpoint.checkpoint_dir(run_dir) / "best.pt")
+        model.load_state_dict(state["model"])
+        step = state["progress"]["step"]
     log.info("evaluating the best validation's weights (step %d of %d)", step, result.steps)
     return {"checkpoint": "best", "step": step}
 

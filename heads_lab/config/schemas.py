@@ -163,7 +163,8 @@ class EvalConfig:
     head_mask: str | None = opt(None, "heads zeroed at evaluation, e.g. enc:0:3,dec-enc:2:*")
     checkpoint: EvalCheckpoint = opt(EvalCheckpoint.last, "which weights `train` evaluates at "
                                      "its end: last (the final step's) | best (the best "
-                                     "validation loss's, checkpoints/best.pt; valid/ppl is "
+                                     "validation loss's: checkpoints/best.pt, or a copy kept in "
+                                     "memory with trainer.save_checkpoint=false; valid/ppl is "
                                      "then that validation's)")
 
 

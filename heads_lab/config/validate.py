@@ -30,10 +30,6 @@ def validate(run: RunConfig) -> None:
     key and the fix."""
     _check_model(run.model)
     _check_trainer(run.trainer)
-    _check(run.trainer.save_checkpoint or str(getattr(run.eval.checkpoint, "value",
-                                                      run.eval.checkpoint)) == "last",
-           "eval.checkpoint=best evaluates checkpoints/best.pt: set trainer.save_checkpoint=true "
-           "(or eval.checkpoint=last)")
     _check_analysis_prune(run.analysis, run.prune)
     _check_data(run.data, run.trainer, run.model)
     _check_eval(run.eval, run.data, run.model)

@@ -26,6 +26,7 @@ from heads_lab.training.captured import CapturedLoss, pad_batch
 from heads_lab.training.checkpoint import Checkpoints
 from heads_lab.training.device import autocast
 from heads_lab.training.evaluate import perplexity
+from heads_lab.training.optim import adam, inverse_sqrt
 from heads_lab.training.parallel import Parallel, is_peer_failure
 from heads_lab.training.state import (
     Diverged,
@@ -45,39 +46,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def inverse_sqrt(warmup: int) -> Callable[[int], float]:
-    """LR multiplier of update `step` (1-based): linear warm-up to 1 at step `warmup`, then
-    sqrt(warmup / step); without warm-up, 1 / sqrt(step)."""
-
-    def factor(step: int) -> float:
-        if warmup <= 0:
-            return 1.0 / math.sqrt(step)
-        return min(step / warmup, math.sqrt(warmup / step))
-
-    return factor
-
-
-def adam(model: torch.nn.Module, lr: float, betas: tuple[float, float], eps: float,
-         weight_decay: float = 0.0, position_bias_lr: float | None = None,
-         extra: ExtraLoss | None = None) -> torch.optim.Adam:
-    """Adam with PyTorch's fused kernel where it has one (CPU and CUDA: one pass over each
-    parameter, ~3× faster than the multi-tensor path on CPU here), else the multi-tensor one.
-    An extra loss term's parameters (Hard Concrete gates' log α) and relative-position biases
-    get learning rates of their own: both are scalars that must travel several units, and Adam
-    moves a parameter by about its learning rate per step whatever the gradient's size."""
-    device = next(model.parameters()).device.type
-    impl = {"fused": True} if device in ("cpu", "cuda") else {"foreach": True}
-    special = list(extra.param_groups(lr)) if extra is not None else []
-    biases = [p for name, p in model.named_parameters() if name.endswith("position_bias")]
-    if biases:
-        special.append((biases, position_bias_lr or lr))
-    taken = {id(p) for params, _ in special for p in params}
-    groups = [{"params": [p for p in model.parameters() if id(p) not in taken]}]
-    groups += [{"params": params, "lr": group_lr, "weight_decay": 0.0} for params, group_lr in special]
-    return torch.optim.Adam(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                            **impl)
-
-
 def train(
     model: Transformer,
     train_split: Split,
@@ -91,6 +59,7 @@ def train(
     parallel: Parallel | None = None,
     extra: ExtraLoss | None = None,
     peak_mb: Callable[[], float] | None = None,
+    keep_best: bool = False,
 ) -> TrainResult:
     """Train `model` in place until trainer.max_steps or max_epochs; validate every valid_every
     steps and at the end. `on_log(step, metrics)` receives train/* and valid/* metrics.
@@ -99,9 +68,11 @@ def train(
     the loop save a checkpoint after the current update and raise Preempted. With `parallel`,
     this process is one rank of a data-parallel group (see heads_lab.training.parallel). `extra`:
     a term added to the loss once per update. `peak_mb()`: this process's peak memory so far,
-    kept in every checkpoint as the largest of all the run's processes' (TrainResult's)."""
+    kept in every checkpoint as the largest of all the run's processes' (TrainResult's).
+    `keep_best`: a copy of the weights at each new best validation, kept in memory
+    (TrainResult.best_weights): eval.checkpoint=best without checkpoints on disk."""
     return Trainer(model, train_split, valid_split, cfg, seed, device, on_log, checkpoints,
-                   stop_requested, parallel, extra, peak_mb).run()
+                   stop_requested, parallel, extra, peak_mb, keep_best).run()
 
 
 class Trainer:
@@ -109,8 +80,10 @@ class Trainer:
     its batches), the non-finite check, logging, validation, checkpoints."""
 
     def __init__(self, model, train_split, valid_split, cfg, seed, device, on_log, checkpoints,
-                 stop_requested, parallel, extra, peak_mb=None):
+                 stop_requested, parallel, extra, peak_mb=None, keep_best=False):
         self.model, self.train_split, self.valid_split = model, train_split, valid_split
+        self.keep_best = keep_best
+        self.best_weights: dict[str, torch.Tensor] | None = None
         self.cfg, self.seed, self.device, self.on_log = cfg, seed, device, on_log
         self.checkpoints, self.stop_requested = checkpoints, stop_requested
         self.parallel, self.extra, self.peak_mb = parallel, extra, peak_mb or (lambda: 0.0)
@@ -164,6 +137,9 @@ class Trainer:
         if p.valid["loss"] < p.best_valid:
             p.best_valid = p.valid["loss"]
             p.best_step, p.since_best = p.step, 0
+            if self.keep_best:  # on the device: no copy to the host at each new best
+                self.best_weights = {k: v.detach().clone()
+                                     for k, v in self.model.state_dict().items()}
             return True
         p.since_best += 1
         return False
@@ -396,5 +372,5 @@ class Trainer:
             skipped_steps=p.skipped,
             resumed_from=self.resumed_from,
             stopped_by=stopped or ("max_steps" if p.step >= self.max_steps else "max_epochs"),
-            best_step=p.best_step, peak_mem_mb=p.peak_mem_mb,
+            best_step=p.best_step, peak_mem_mb=p.peak_mem_mb, best_weights=self.best_weights,
         )

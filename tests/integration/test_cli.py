@@ -425,6 +425,20 @@ def test_the_best_validation_weights_are_evaluated_when_asked(tmp_path):
     (checkpoint.checkpoint_dir(found.parent) / "best.pt").unlink()
     proc = heads_lab("eval", str(found.parent), cwd=tmp_path)
     _assert_one_line_error(proc, "no checkpoints/best.pt", "eval.checkpoint=last")
+    # without checkpoints the loop keeps the best weights in memory: the same run, the same
+    # numbers, and nothing written under checkpoints/
+    (tmp_path / "memory").mkdir()
+    proc = heads_lab("train", *TINY, "eval.checkpoint=best", "trainer.valid_every=5",
+                     "trainer.lr=1.0", "trainer.warmup_steps=30", "trainer.save_checkpoint=false",
+                     cwd=tmp_path / "memory")
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    (kept,) = _results(tmp_path / "memory")
+    memory = json.loads(kept.read_text())
+    assert memory["train"]["evaluated"] == {"checkpoint": "best", "step": best["step"]}
+    assert memory["train"]["valid_history"] == train["valid_history"]
+    for key in ("test/ppl", "test/bleu", "test/chrf", "valid/loss"):
+        assert memory["metrics"][key] == results["metrics"][key], key
+    assert not list(kept.parent.rglob("*.pt"))
 
 
 def test_a_log_file_console_gets_plain_unwrapped_lines(tmp_path):

@@ -90,12 +90,17 @@ def test_the_studies_part_runs_each_preset_with_its_overrides_and_reports_it(tmp
     assert command.count("hydra.launcher.n_jobs=") == 1 and "hydra.launcher.n_jobs=1" in command
     report = (out / "talking_heads_mix" / "report.md").read_text()
     assert "mixes=logits" in report
-    # a preset that evaluates its best validation's weights keeps its checkpoints (the GPU check
-    # once passed trainer.save_checkpoint=false to every study, and heads_by_data refused to run)
+    # no study writes checkpoints, and one that evaluates its best validation's weights
+    # (heads_by_data: eval.checkpoint=best) is evaluated on them all the same, kept in memory
     assert "heads_by_data: 1 runs finished (exit 0, report exit 0" in parts["studies"]["detail"]
     (hbd,) = [json.loads(p.read_text()) for p in (out / "heads_by_data").glob("*/results.json")]
-    assert hbd["train"]["evaluated"]["checkpoint"] == "best"
-    assert "trainer.save_checkpoint=false" in command  # the study that reads none writes none
+    assert hbd["train"]["evaluated"] == {"checkpoint": "best", "step": hbd["train"]["best_step"]}
+    best = min(hbd["train"]["valid_history"], key=lambda h: h["valid/loss"])
+    assert hbd["metrics"]["valid/loss"] == best["valid/loss"]
+    for log in ("talking_heads_mix", "heads_by_data"):
+        command = (out / "logs" / f"{log}.log").read_text().splitlines()[0]
+        assert "trainer.save_checkpoint=false" in command
+    assert not list(out.rglob("*.pt"))
 
 
 def test_the_studies_part_without_a_study_is_refused(tmp_path):

@@ -31,7 +31,7 @@ from heads_lab.model.heads import (
     parse_head_mask,
     remove_heads,
 )
-from heads_lab.training.loop import adam
+from heads_lab.training.optim import adam
 
 VOCAB = 40
 

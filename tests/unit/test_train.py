@@ -11,7 +11,8 @@ import torch
 from heads_lab.config.schemas import ModelConfig, TrainerConfig
 from heads_lab.data.batching import Split, epoch_batches
 from heads_lab.model import Transformer
-from heads_lab.training.loop import inverse_sqrt, train
+from heads_lab.training.loop import train
+from heads_lab.training.optim import inverse_sqrt
 
 CPU = torch.device("cpu")
 
@@ -294,3 +295,36 @@ def test_patience_stops_after_that_many_validations_without_a_new_best(monkeypat
     # validations at steps 2, 4 (best), 6, 8, 10: three in a row without a new best → stop at 10
     assert (result.steps, result.stopped_by, result.best_step) == (10, "patience", 4)
     assert [h["step"] for h in result.history] == [2, 4, 6, 8, 10]
+
+
+def test_best_weights_kept_in_memory_are_best_pt_s(tmp_path, monkeypatch):
+    """keep_best (eval.checkpoint=best without checkpoints): the copy kept at each new best
+    validation equals checkpoints/best.pt of the same run with checkpoints, which is the best
+    step's weights, not the last step's; keeping it changes no number of the training."""
+    from heads_lab.training import checkpoint
+    from heads_lab.training import loop as train_module
+    from heads_lab.training.checkpoint import Checkpoints
+
+    real, calls = train_module.perplexity, []
+
+    def penalised(model, *args, **kwargs):  # as measured, then worse from the 3rd validation on
+        out = real(model, *args, **kwargs)
+        calls.append(out["loss"])
+        return {"loss": out["loss"] + (0.0 if len(calls) <= 2 else 10.0), "ppl": out["ppl"]}
+
+    monkeypatch.setattr(train_module, "perplexity", penalised)
+    cfg = TrainerConfig(max_steps=10, max_tokens=64, lr=1e-2, warmup_steps=2, valid_every=2,
+                        log_every=100)
+    on_disk = train(_model(), _split(40), _split(8, 1), cfg, 0, CPU,
+                    checkpoints=Checkpoints(tmp_path, cfg, {}))
+    calls.clear()
+    model = _model()
+    kept = train(model, _split(40), _split(8, 1), cfg, 0, CPU, keep_best=True)
+    assert on_disk.best_weights is None and on_disk.best_step == kept.best_step == 4
+    best = checkpoint.load(tmp_path / "checkpoints" / "best.pt")
+    assert best["progress"]["step"] == 4
+    assert kept.best_weights.keys() == best["model"].keys()
+    assert all(torch.equal(kept.best_weights[k], v) for k, v in best["model"].items())
+    # the last weights moved on after step 4: the kept copy is not a view of them
+    assert not all(torch.equal(kept.best_weights[k], v) for k, v in model.state_dict().items())
+    assert kept.history == on_disk.history and kept.train_loss == on_disk.train_loss
