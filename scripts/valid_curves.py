@@ -9,9 +9,10 @@ results.json's train.valid_history where the run finished, else the validations 
 recorded (heads_lab.output.tracking.VALID_LINE); such a run's label says so, and where it
 stopped. A validation that diverged (NaN) has no point.
 Lines whose labels begin alike (up to the first comma: 'h = 8, base size') share a colour;
---dashed TEXT dashes the lines whose label holds TEXT. The legend sits below the axes. Writes
-the figure (--out) and, beside it, a CSV of every point (label, step, valid loss, valid PPL,
-source), and prints each run's last and lowest validation.
+--style TEXT STYLE (repeatable) draws the lines whose label holds TEXT in a matplotlib line style
+(dashed, dotted, dashdot; the first TEXT found wins; else solid): e.g. a style per seed. The
+legend sits below the axes. Writes the figure (--out) and, beside it, a CSV of every point
+(label, step, valid loss, valid PPL, source), and prints each run's last and lowest validation.
 """
 
 from __future__ import annotations
@@ -40,6 +41,14 @@ def history(run: Path) -> tuple[list[dict[str, float]], str]:
     return valid_history_from_log(log.read_text(errors="replace")), "train.log"
 
 
+LINE_STYLES = ("solid", "dashed", "dotted", "dashdot")
+
+
+def line_style(label: str, styles: list[tuple[str, str]]) -> str:
+    """The style of the first (TEXT, STYLE) whose TEXT the label holds; solid where none."""
+    return next((style for text, style in styles if text in label), "solid")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -47,21 +56,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--title", default="valid PPL during training (★ its lowest; one run each)")
     parser.add_argument("--ymax", type=float, default=None,
                         help="the PPL axis' top (default: at most 3× the lowest point)")
-    parser.add_argument("--dashed", default=None, metavar="TEXT",
-                        help="dash the lines whose label holds TEXT")
+    parser.add_argument("--style", nargs=2, action="append", default=[],
+                        metavar=("TEXT", "STYLE"), help="lines whose label holds TEXT in STYLE: "
+                        + ", ".join(LINE_STYLES))
     parser.add_argument("--run", nargs=2, action="append", required=True,
                         metavar=("LABEL", "RUN_DIR"), help="a line: its label and run directory")
     opts = parser.parse_args(argv)
+    for _, style in opts.style:
+        if style not in LINE_STYLES:
+            raise SystemExit(f"valid_curves: --style STYLE '{style}' is not one of "
+                             f"{', '.join(LINE_STYLES)}")
     data, rows, styles, colours = {}, [], {}, {}
     for label, run in opts.run:
         colour = colours.setdefault(label.split(",")[0], f"C{len(colours)}")
-        style = {"color": colour, "linestyle": "--" if opts.dashed and opts.dashed in label else "-"}
+        style = {"color": colour, "linestyle": line_style(label, opts.style)}
         points, source = history(Path(run).expanduser())
         points = [p for p in points if math.isfinite(p["valid/ppl"])]
         if not points:
             raise SystemExit(f"valid_curves: {run} recorded no finite validation ({source})")
         if source == "train.log":
-            label = f"{label} (from its train.log, to step {points[-1]['step']:,})"
+            label = f"{label} (train.log, to step {points[-1]['step']:,})"
         styles[label] = style
         data[label] = ([p["step"] for p in points], [p["valid/ppl"] for p in points])
         rows += [[label, p["step"], f"{p['valid/loss']:.4f}", f"{p['valid/ppl']:.3f}", source]

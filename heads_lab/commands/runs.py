@@ -120,6 +120,11 @@ def load(run_dir: Path, overrides: list[str], average_last: int | None = 1) -> T
     cfg, run = compose_run(run_dir, overrides)
     average_last = run.eval.average_last if average_last is None else average_last
     files = checkpoint.step_files(run_dir)
+    if not run.trainer.save_checkpoint:  # nothing on disk to read back, best weights included
+        raise CheckpointError(
+            f"{run_dir} was trained with trainer.save_checkpoint=false: no weights were written "
+            "(with eval.checkpoint=best they were kept in memory for train's own evaluation "
+            "only); train it again with trainer.save_checkpoint=true to read them back")
     if run.analysis.step is None and average_last == 1 and evaluated_best(run):
         files = [_best(run_dir)]  # the weights `train` evaluated (eval.checkpoint=best)
     elif not files:

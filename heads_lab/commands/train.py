@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from heads_lab.commands.runs import evaluated_best
 from heads_lab.config.compose import cache_dir
 from heads_lab.config.cost import Lengths, account
 from heads_lab.config.schemas import LoggerConfig, RunConfig
@@ -81,7 +82,7 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
             result = train(model, train_split, corpus.splits["valid"], run.trainer, run.seed,
                            device, tracker.log, checkpoints=checkpoints, stop_requested=stop,
                            parallel=ranks, extra=gates_of(model), peak_mb=peak.mb,
-                           keep_best=_best_in_memory(run))
+                           keep_best=_best_in_memory(run) and main_rank)
         tracker.stop_progress()
         if result.resumed_from is not None:
             log.info("resumed from step %d; trained to step %d", result.resumed_from, result.steps)
@@ -228,21 +229,17 @@ def _data(run: RunConfig, run_dir: Path, main_rank: bool):
     return corpus
 
 
-def _evaluates_best(run: RunConfig) -> bool:
-    return str(getattr(run.eval.checkpoint, "value", run.eval.checkpoint)) == "best"
-
-
 def _best_in_memory(run: RunConfig) -> bool:
     """eval.checkpoint=best without checkpoints (trainer.save_checkpoint=false): the training
     loop keeps the best validation's weights in memory instead of checkpoints/best.pt."""
-    return _evaluates_best(run) and not run.trainer.save_checkpoint
+    return evaluated_best(run) and not run.trainer.save_checkpoint
 
 
 def _evaluated_weights(run: RunConfig, model, run_dir: Path, result) -> dict[str, Any]:
     """eval.checkpoint=best: the best validation's weights (checkpoints/best.pt, or the copy the
     loop kept in memory where no checkpoint is written) into the model before it is evaluated.
     Returns which weights are evaluated, for results.json."""
-    if not _evaluates_best(run):
+    if not evaluated_best(run):
         return {"checkpoint": "last", "step": result.steps}
     if _best_in_memory(run):
         if result.best_weights is None:  # no finite validation: there is no best

@@ -1,2 +1,3 @@
-"""How a model learns and is measured while it does: the loop (loop.py), its checkpoints,
-stops and data parallelism, the device and precision, and evaluation (perplexity, BLEU)."""
+"""How a model learns and is measured while it does: the loop (loop.py), its optimiser and
+schedule (optim.py), checkpoints, stops and data parallelism, the device and precision, and
+evaluation (perplexity, BLEU)."""

@@ -137,12 +137,20 @@ class Trainer:
         if p.valid["loss"] < p.best_valid:
             p.best_valid = p.valid["loss"]
             p.best_step, p.since_best = p.step, 0
-            if self.keep_best:  # on the device: no copy to the host at each new best
-                self.best_weights = {k: v.detach().clone()
-                                     for k, v in self.model.state_dict().items()}
+            if self.keep_best:  # on the host: the GPU's memory (and its peak) as without
+                self.keep_best_weights()
             return True
         p.since_best += 1
         return False
+
+    def keep_best_weights(self) -> None:
+        """A copy of the weights on the host, allocated at the first best, overwritten after."""
+        state = self.model.state_dict()
+        if self.best_weights is None:
+            self.best_weights = {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
+        else:
+            for k, v in state.items():
+                self.best_weights[k].copy_(v.detach())
 
     def out_of_patience(self) -> bool:
         """trainer.patience validations in a row without a new best (the same on every rank:
@@ -357,7 +365,7 @@ class Trainer:
         best = False
         if not p.history or p.history[-1]["step"] != p.step:
             best = self.validate()
-        elif p.history[-1]["step"] == p.step and p.valid and p.valid["loss"] <= p.best_valid:
+        elif p.best_step == p.step:
             best = True  # validated at this very step above, and it was the best
         self.save(best)
         return TrainResult(

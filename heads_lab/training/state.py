@@ -31,7 +31,7 @@ class TrainResult:
     # the largest peak memory (MB) of the processes that trained this run, as of its last
     # checkpoint: a resumed run's own process may have done little (an evaluation only)
     peak_mem_mb: float = 0.0
-    # train(keep_best=True): the best validation's weights (best_step's), kept in memory
+    # train(keep_best=True): the best validation's weights (best_step's), a copy on the host
     best_weights: dict[str, torch.Tensor] | None = field(default=None, repr=False)
 
 

@@ -439,6 +439,10 @@ def test_the_best_validation_weights_are_evaluated_when_asked(tmp_path):
     for key in ("test/ppl", "test/bleu", "test/chrf", "valid/loss"):
         assert memory["metrics"][key] == results["metrics"][key], key
     assert not list(kept.parent.rglob("*.pt"))
+    for command in ("eval", "analyze"):  # nothing to read back: one line that says so
+        proc = heads_lab(command, str(kept.parent), cwd=tmp_path)
+        _assert_one_line_error(proc, "trained with trainer.save_checkpoint=false",
+                               "trainer.save_checkpoint=true")
 
 
 def test_a_log_file_console_gets_plain_unwrapped_lines(tmp_path):

@@ -331,16 +331,18 @@ def test_a_runs_validations_read_back_from_its_log_match_its_results(sweep, tmp_
     (cut / "results.json").unlink()
     out = tmp_path / "fig" / "curves.png"
     script = _script("valid_curves")
-    assert script.main(["--out", str(out), "--dashed", "cut", "--run", "h = 1, done",
+    assert script.main(["--out", str(out), "--style", "cut", "dashed", "--run", "h = 1, done",
                         str(found[0].parent), "--run", "h = 1, cut", str(cut)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with open(out.with_suffix(".csv"), newline="") as f:
         rows = list(csv.DictReader(f))
     last = json.loads(found[0].read_text())["train"]["valid_history"][-1]["step"]
     assert {r["source"] for r in rows} == {"results.json", "train.log"}
-    assert f"h = 1, cut (from its train.log, to step {last:,})" in {r["run"] for r in rows}
-    assert f"h = 1, cut (from its train.log, to step {last:,}): last step {last:,}" \
+    assert f"h = 1, cut (train.log, to step {last:,})" in {r["run"] for r in rows}
+    assert f"h = 1, cut (train.log, to step {last:,}): last step {last:,}" \
         in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--style STYLE 'wavy' is not one of solid, dashed"):
+        script.main(["--out", str(out), "--style", "cut", "wavy", "--run", "x", str(cut)])
     (cut / "train.log").unlink()
     with pytest.raises(SystemExit, match="neither results.json nor train.log"):
         script.main(["--out", str(out), "--run", "x", str(cut)])

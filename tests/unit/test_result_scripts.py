@@ -134,3 +134,13 @@ def test_valid_curves_leaves_out_diverged_validations_and_takes_a_set_top(tmp_pa
     assert f"lowest {math.exp(1.5):.2f} at step 300 (results.json)" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="neither results.json nor train.log"):
         script.main(["--out", str(out), "--run", "x", str(tmp_path / "empty")])
+
+
+def test_valid_curves_line_styles_go_by_the_first_text_a_label_holds():
+    script = _script("valid_curves")
+    styles = [("seed 2", "dashed"), ("seed 3", "dotted"), ("seed", "dashdot")]
+    assert script.line_style("h = 8, seed 2", styles) == "dashed"
+    assert script.line_style("h = 8, seed 3", styles) == "dotted"
+    assert script.line_style("h = 8, seed 1", styles) == "dashdot"  # the catch-all, last
+    assert script.line_style("h = 8", styles) == "solid"
+    assert script.line_style("h = 8, seed 2", []) == "solid"

@@ -328,3 +328,14 @@ def test_best_weights_kept_in_memory_are_best_pt_s(tmp_path, monkeypatch):
     # the last weights moved on after step 4: the kept copy is not a view of them
     assert not all(torch.equal(kept.best_weights[k], v) for k, v in model.state_dict().items())
     assert kept.history == on_disk.history and kept.train_loss == on_disk.train_loss
+
+
+def test_no_finite_validation_keeps_no_best_weights(monkeypatch):
+    from heads_lab.training import loop as train_module
+
+    monkeypatch.setattr(train_module, "perplexity", lambda *_, **__: {"loss": math.nan,
+                                                                       "ppl": math.nan})
+    cfg = TrainerConfig(max_steps=4, max_tokens=64, valid_every=2, log_every=100)
+    result = train(_model(), _split(40), _split(8, 1), cfg, 0, CPU, keep_best=True)
+    assert result.best_weights is None and result.best_step is None
+    assert [h["step"] for h in result.history] == [2, 4]
