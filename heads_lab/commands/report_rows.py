@@ -49,6 +49,7 @@ class Row:
     runs: list[Run] = field(default_factory=list)
     p_value: float | None = None
     p_reason: str | None = None  # why a row has no p, or p = 1 (significance)
+    p_seeds: list | None = None  # its p's seeds where fewer than its comparison's (significance)
 
 
 def collect(dirs: list[Path]) -> tuple[list[Run], list[tuple[str, str]]]:
@@ -250,17 +251,39 @@ def comparisons(rows: list[Row], runs: list[Run]) -> tuple[str | None, list[Comp
 
 def significance(rows: list[Row], base: Row, split: str, samples: int) -> list | None:
     """Paired bootstrap (sacrebleu) of each row's BLEU against the base row, on the hypotheses
-    of the seeds every row has, concatenated in seed order. A row is paired with the base only on
-    the very same references (its refs files' lines, seed by seed, equal to the base's): a row on
-    another test set has no p (p_reason "other test set"), whatever its line count. A row whose
-    hypotheses are the base's has none either ("same hypotheses"), and a row whose BLEU equals
-    the base's gets p = 1 ("equal BLEU"): sacrebleu's bootstrap compares resampled differences
-    with `>`, so a difference of exactly zero everywhere reads p = 1/(n + 1), "significant".
-    Returns those seeds (None: no test)."""
-    common = set.intersection(*({r.config.get("seed") for r in row.runs} for row in rows))
-    if len(rows) < 2 or not common:
+    of the seeds the row shares with the base row, concatenated in seed order: a row with a
+    seed fewer than the others is still tested, on the seeds it has (its p cell names them),
+    and the others keep all of theirs. (sacrebleu seeds each system's resampling alike, so a
+    row's p does not depend on which other rows are tested beside it.) A row is paired with
+    the base only on the very same references (its refs files' lines, seed by seed, equal to
+    the base's): a row on another test set has no p (p_reason "other test set"), whatever its
+    line count. A row whose hypotheses are the base's has none either ("same hypotheses"), and
+    a row whose BLEU equals the base's gets p = 1 ("equal BLEU"): sacrebleu's bootstrap compares
+    resampled differences with `>`, so a difference of exactly zero everywhere reads p = 1/(n +
+    1), "significant". Returns the comparison's seeds, the most any row was paired on (None: no
+    test)."""
+    base_seeds = {r.config.get("seed") for r in base.runs}
+    by_seeds: dict[tuple, list[Row]] = {}
+    for row in rows:
+        if row is base:
+            continue
+        shared = tuple(sorted(base_seeds & {r.config.get("seed") for r in row.runs}))
+        if shared:
+            by_seeds.setdefault(shared, []).append(row)
+        else:
+            row.p_reason = "no seed of the base row"
+    if not by_seeds:
         return None
-    seeds = sorted(common)
+    most = max(by_seeds, key=lambda seeds: (len(seeds), len(by_seeds[seeds])))
+    for seeds, members in by_seeds.items():
+        _paired_test(members, base, list(seeds), split, samples)
+        for row in members if seeds != most else []:
+            row.p_seeds = list(seeds)
+    return list(most)
+
+
+def _paired_test(rows: list[Row], base: Row, seeds: list, split: str, samples: int) -> None:
+    """significance for rows that share these seeds with the base row."""
 
     def texts(row: Row, kind: str) -> list[str]:
         by_seed = {r.config.get("seed"): r for r in row.runs}
@@ -273,8 +296,6 @@ def significance(rows: list[Row], base: Row, split: str, samples: int) -> list |
     refs, base_hyps = texts(base, "refs"), texts(base, "hyps")
     paired = []
     for row in rows:
-        if row is base:
-            continue
         hyps = texts(row, "hyps")
         if texts(row, "refs") != refs:
             row.p_reason = "other test set"
@@ -283,7 +304,7 @@ def significance(rows: list[Row], base: Row, split: str, samples: int) -> list |
         else:
             paired.append((row, hyps))
     if not paired:
-        return seeds
+        return
     test = PairedTest([(base.label, base_hyps)] + [(row.label, hyps) for row, hyps in paired],
                       {"BLEU": BLEU()}, [refs], test_type="bs", n_samples=samples)
     _, scores = test()
@@ -293,27 +314,35 @@ def significance(rows: list[Row], base: Row, split: str, samples: int) -> list |
             row.p_value, row.p_reason = 1.0, "equal BLEU"
         else:
             row.p_value = result.p_value
-    return seeds
 
 
 def p_text(row: Row) -> str:
-    """The p column: the p-value, '-' where untested (the base row), or why there is none."""
+    """The p column: the p-value, '-' where untested (the base row), or why there is none; and
+    its seeds where they are fewer than the other rows'."""
+    seeds = (f"seed{'s' if len(row.p_seeds) > 1 else ''} {', '.join(map(str, row.p_seeds))}"
+             if row.p_seeds else None)
+    why = "; ".join(x for x in (row.p_reason, seeds) if x)
     if row.p_value is None:
-        return f"– ({row.p_reason})" if row.p_reason else "-"
-    return f"{row.p_value:.4f}" + (f" ({row.p_reason})" if row.p_reason else "")
+        return f"– ({why})" if why else "-"
+    return f"{row.p_value:.4f}" + (f" ({why})" if why else "")
 
 
 def p_note(tested: list[Comparison], varying: list[str], x: str | None) -> str:
     """The note's words on p: against which base row, on which seeds (where rows have different
-    seeds, p uses only those every row of a comparison has)."""
+    seeds, a row's p uses those it shares with the base row, and names them where they are
+    fewer than the comparison's)."""
     done = [c for c in tested if c.seeds]
 
     def seeds(c: Comparison) -> str:
         plural = "s" if len(c.seeds) > 1 else ""
-        partial = any({r.config.get("seed") for r in row.runs} != set(c.seeds) for row in c.rows)
+        unused = any({r.config.get("seed") for r in row.runs} - set(c.seeds)
+                     for row in c.rows if not row.p_seeds)  # a seed that no p pairs
+        fewer = any(row.p_seeds for row in c.rows)
         return (f"seed{plural} {', '.join(map(str, c.seeds))}"
-                + (f", the seed{plural} every row{'' if x is None else ' of it'} has"
-                   if partial else "") + (" (concatenated)" if plural else ""))
+                + (f", the seed{plural} shared with the base row" if unused else "")
+                + (" (concatenated)" if plural else "")
+                + ("; a p that names seeds: on those, all its row shares with the base row"
+                   if fewer else ""))
 
     if x is None:
         return ("p: sacrebleu paired bootstrap of BLEU vs the base row (seed-matched hypotheses, "

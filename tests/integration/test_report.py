@@ -79,8 +79,9 @@ def _expected_p(scores) -> str:
     return "1.0000 (equal BLEU)" if base.score == other.score else f"{other.p_value:.4f}"
 
 
-def test_with_uneven_seeds_p_uses_the_seeds_every_row_has_and_says_which(sweep, tmp_path):
-    """h = 1 with seeds 1, 2, h = 4 with seed 1 only: p is the bootstrap on seed 1's
+def test_with_uneven_seeds_p_uses_the_seeds_a_row_shares_with_the_base_and_says_which(sweep,
+                                                                                    tmp_path):
+    """h = 1 (the base) with seeds 1, 2, h = 4 with seed 1 only: p is the bootstrap on seed 1's
     hypotheses alone (not both seeds of h = 1 against one of h = 4), and the note says so."""
     runs = {(r["config"]["model"]["heads"], r["config"]["seed"]): Path(r["run_dir"])
             for r in (json.loads(p.read_text()) for p in sweep.rglob("results.json"))}
@@ -100,7 +101,7 @@ def test_with_uneven_seeds_p_uses_the_seeds_every_row_has_and_says_which(sweep, 
     _, scores = test()
     assert rows[1]["p vs base"] == _expected_p(scores)
     md = (tmp_path / "report.md").read_text()
-    assert "references only), on seed 1, the seed every row has;" in md
+    assert "references only), on seed 1, the seed shared with the base row;" in md
 
 
 def test_report_lists_failed_and_unfinished_runs(sweep, tmp_path):
