@@ -49,7 +49,7 @@ class Row:
     runs: list[Run] = field(default_factory=list)
     p_value: float | None = None
     p_reason: str | None = None  # why a row has no p, or p = 1 (significance)
-    p_seeds: list | None = None  # its p's seeds where fewer than its comparison's (significance)
+    p_seeds: list | None = None  # its p's seeds where not its comparison's (significance)
 
 
 def collect(dirs: list[Path]) -> tuple[list[Run], list[tuple[str, str]]]:
@@ -251,16 +251,17 @@ def comparisons(rows: list[Row], runs: list[Run]) -> tuple[str | None, list[Comp
 
 def significance(rows: list[Row], base: Row, split: str, samples: int) -> list | None:
     """Paired bootstrap (sacrebleu) of each row's BLEU against the base row, on the hypotheses
-    of the seeds the row shares with the base row, concatenated in seed order: a row with a
-    seed fewer than the others is still tested, on the seeds it has (its p cell names them),
-    and the others keep all of theirs. (sacrebleu seeds each system's resampling alike, so a
-    row's p does not depend on which other rows are tested beside it.) A row is paired with
-    the base only on the very same references (its refs files' lines, seed by seed, equal to
-    the base's): a row on another test set has no p (p_reason "other test set"), whatever its
-    line count. A row whose hypotheses are the base's has none either ("same hypotheses"), and
-    a row whose BLEU equals the base's gets p = 1 ("equal BLEU"): sacrebleu's bootstrap compares
-    resampled differences with `>`, so a difference of exactly zero everywhere reads p = 1/(n +
-    1), "significant". Returns the comparison's seeds, the most any row was paired on (None: no
+    of the seeds the row shares with the base row, concatenated in seed order: a row with other
+    or fewer seeds than the others is still tested, on the seeds it shares with the base row
+    (its p cell names them), and the others keep all of theirs. (sacrebleu seeds each system's
+    resampling alike, so a row's p does not depend on which other rows are tested beside it.)
+    A row is paired with the base only on the very same references (its refs files' lines, seed
+    by seed, equal to the base's): a row on another test set has no p (p_reason "other test
+    set"), whatever its line count. A row whose hypotheses are the base's has none either ("same
+    hypotheses"), and a row whose BLEU equals the base's gets p = 1 ("equal BLEU"): sacrebleu's
+    bootstrap compares resampled differences with `>`, so a difference of exactly zero
+    everywhere reads p = 1/(n + 1), "significant". A row sharing no seed with the base has no p
+    ("no seed of the base row"). Returns the comparison's seeds, the most any row was paired on (None: no
     test)."""
     base_seeds = {r.config.get("seed") for r in base.runs}
     by_seeds: dict[tuple, list[Row]] = {}
@@ -318,7 +319,7 @@ def _paired_test(rows: list[Row], base: Row, seeds: list, split: str, samples: i
 
 def p_text(row: Row) -> str:
     """The p column: the p-value, '-' where untested (the base row), or why there is none; and
-    its seeds where they are fewer than the other rows'."""
+    its seeds where they are not the other rows'."""
     seeds = (f"seed{'s' if len(row.p_seeds) > 1 else ''} {', '.join(map(str, row.p_seeds))}"
              if row.p_seeds else None)
     why = "; ".join(x for x in (row.p_reason, seeds) if x)
@@ -330,23 +331,24 @@ def p_text(row: Row) -> str:
 def p_note(tested: list[Comparison], varying: list[str], x: str | None) -> str:
     """The note's words on p: against which base row, on which seeds (where rows have different
     seeds, a row's p uses those it shares with the base row, and names them where they are
-    fewer than the comparison's)."""
+    not the comparison's)."""
     done = [c for c in tested if c.seeds]
 
     def seeds(c: Comparison) -> str:
         plural = "s" if len(c.seeds) > 1 else ""
         unused = any({r.config.get("seed") for r in row.runs} - set(c.seeds)
                      for row in c.rows if not row.p_seeds)  # a seed that no p pairs
-        fewer = any(row.p_seeds for row in c.rows)
         return (f"seed{plural} {', '.join(map(str, c.seeds))}"
                 + (f", the seed{plural} shared with the base row" if unused else "")
-                + (" (concatenated)" if plural else "")
-                + ("; a p that names seeds: on those, all its row shares with the base row"
-                   if fewer else ""))
+                + (" (concatenated)" if plural else ""))
+
+    own = ("; a p cell that names seeds is on those alone (all its row shares with the base row)"
+           if any(row.p_seeds for c in done for row in c.rows) else "")
 
     if x is None:
         return ("p: sacrebleu paired bootstrap of BLEU vs the base row (seed-matched hypotheses, "
-                "on the base row's references only)" + (f", on {seeds(done[0])}" if done else ""))
+                "on the base row's references only)" + (f", on {seeds(done[0])}" if done else "")
+                + own)
     name = short_key(x)
     base = next(c.base for c in tested if c.base is not None)
     like = ",".join(f"{short_key(k)}={base.runs[0].config.get(k)}" for k in varying if k != x)
@@ -355,8 +357,8 @@ def p_note(tested: list[Comparison], varying: list[str], x: str | None) -> str:
     if not done:
         return text
     if len({seeds(c) for c in done}) == 1:  # the same seeds at every x: named once
-        return text + f", on {seeds(done[0])}"
-    return text + ", on " + "; ".join(f"{name}={c.x_value}: {seeds(c)}" for c in done)
+        return text + f", on {seeds(done[0])}" + own
+    return text + ", on " + "; ".join(f"{name}={c.x_value}: {seeds(c)}" for c in done) + own
 
 
 def stat(values: list[float], digits: int) -> str:

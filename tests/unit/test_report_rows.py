@@ -340,8 +340,8 @@ def test_a_row_with_fewer_seeds_is_tested_on_its_own_and_the_others_keep_all_the
     x, tested = comparisons(rows, runs)
     tested[0].seeds = significance(rows, by_heads[8], "test", 200)
     assert p_note(tested, varying, x).endswith(
-        "on seeds 1, 2 (concatenated); a p that names seeds: on those, all its row shares with "
-        "the base row")
+        "on seeds 1, 2 (concatenated); a p cell that names seeds is on those alone (all its row "
+        "shares with the base row)")
 
 
 def test_a_study_over_data_sizes_tests_each_row_against_the_base_at_its_own_size(tmp_path):
