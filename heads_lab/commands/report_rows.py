@@ -249,6 +249,9 @@ def comparisons(rows: list[Row], runs: list[Run]) -> tuple[str | None, list[Comp
     return x, out
 
 
+NO_SHARED_SEED = "no seed of the base row"  # a row's p_reason: no p (significance)
+
+
 def significance(rows: list[Row], base: Row, split: str, samples: int) -> list | None:
     """Paired bootstrap (sacrebleu) of each row's BLEU against the base row, on the hypotheses
     of the seeds the row shares with the base row, concatenated in seed order: a row with other
@@ -272,7 +275,7 @@ def significance(rows: list[Row], base: Row, split: str, samples: int) -> list |
         if shared:
             by_seeds.setdefault(shared, []).append(row)
         else:
-            row.p_reason = "no seed of the base row"
+            row.p_reason = NO_SHARED_SEED
     if not by_seeds:
         return None
     most = max(by_seeds, key=lambda seeds: (len(seeds), len(by_seeds[seeds])))
@@ -337,7 +340,7 @@ def p_note(tested: list[Comparison], varying: list[str], x: str | None) -> str:
     def seeds(c: Comparison) -> str:
         plural = "s" if len(c.seeds) > 1 else ""
         unused = any({r.config.get("seed") for r in row.runs} - set(c.seeds)
-                     for row in c.rows if not row.p_seeds)  # a seed that no p pairs
+                     for row in c.rows if not row.p_seeds and row.p_reason != NO_SHARED_SEED)
         return (f"seed{plural} {', '.join(map(str, c.seeds))}"
                 + (f", the seed{plural} shared with the base row" if unused else "")
                 + (" (concatenated)" if plural else ""))

@@ -322,9 +322,14 @@ def test_a_row_with_fewer_seeds_is_tested_on_its_own_and_the_others_keep_all_the
             run = _scored(tmp_path, f"h{heads}s{seed}", heads, hyps[seed], refs[seed])
             run.config["seed"] = seed
             runs.append(run)
+    alone = _scored(tmp_path, "h16s3", 16, one[1], refs[1])
+    alone.config["seed"] = 3  # no seed of the base row's: no p
+    runs.append(alone)
     rows, varying = group(runs)
     by_heads = {row.runs[0].config["model.heads"]: row for row in rows}
     assert significance(rows, by_heads[8], "test", 200) == [1, 2]
+    assert by_heads[16].p_value is None
+    assert p_text(by_heads[16]) == "– (no seed of the base row)"
 
     def sacrebleu_p(hyps: dict, seeds: list[int]) -> float:
         lines = [x for s in seeds for x in hyps[s]]
