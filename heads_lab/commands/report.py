@@ -7,8 +7,8 @@ the varied settings, the head shape (its variant's own kinds: h and kv_heads, or
 d_k, layers), parameters, valid PPL, test BLEU and chrF as mean ± std over seeds, tokens/s and peak
 memory (and the training pairs where rows differ in them), and sacrebleu's paired bootstrap p-value
 of its BLEU against the base row (the preset's `report.base`, else the first row), on the hypotheses
-of the seeds it shares with the base row (the note names them; a row with fewer seeds than the
-others names its own in its p cell); where the preset's `report.x` is one of
+of the seeds it shares with the base row (the note names them; a row with other or fewer seeds
+than the others names its own in its p cell); where the preset's `report.x` is one of
 report.base's settings (heads_by_data), against the base at the row's own x (h = 8 at the same data
 size). Rows are in the order of their settings, the ones swept on the command line first. Runs that
 failed or never finished are listed, never averaged in; so are runs under another run's dir (a gates

@@ -264,7 +264,7 @@ def significance(rows: list[Row], base: Row, split: str, samples: int) -> list |
     hypotheses"), and a row whose BLEU equals the base's gets p = 1 ("equal BLEU"): sacrebleu's
     bootstrap compares resampled differences with `>`, so a difference of exactly zero
     everywhere reads p = 1/(n + 1), "significant". A row sharing no seed with the base has no p
-    ("no seed of the base row"). Returns the comparison's seeds, the most any row was paired on (None: no
+    (NO_SHARED_SEED). Returns the comparison's seeds, the most any row was paired on (None: no
     test)."""
     base_seeds = {r.config.get("seed") for r in base.runs}
     by_seeds: dict[tuple, list[Row]] = {}
