@@ -1,8 +1,10 @@
 """`heads-lab report <multirun dirs or run dirs>`: a study's table from the runs' own files.
 
 Reads every results.json under the dirs (no wandb needed), groups the runs by the settings that vary
-between them (seeds pooled), and writes, next to the first dir (or --out): report.md, report.csv and
-two PNGs (BLEU and PPL against the swept setting with error bars; quality against cost). Each row:
+between them (seeds pooled), and writes, next to the first dir (or --out): report.md, report.csv,
+runs.csv (each run's own numbers and its p against the base row's run of its seed: runs_table)
+and the PNGs (BLEU and PPL against the swept setting with error bars; quality against cost; the
+validation curves). Each row:
 the varied settings, the head shape (its variant's own kinds: h and kv_heads, or h_K, h and h_V;
 d_k, layers), parameters, valid PPL, test BLEU and chrF as mean ± std over seeds, tokens/s and peak
 memory (and the training pairs where rows differ in them), and sacrebleu's paired bootstrap p-value
@@ -40,15 +42,21 @@ from heads_lab.commands.report_rows import (
     collect,
     comparisons,
     data_sets,
+    evaluated,
     group,
     model_shape,
-    p_note,
-    p_text,
     paper_of,
     params_text,
-    significance,
     stat,
     swept,
+    train_pairs,
+)
+from heads_lab.commands.report_seeds import (
+    p_note,
+    p_text,
+    runs_table,
+    seed_p_values,
+    significance,
 )
 from heads_lab.config.sites import KEPT_COLUMNS, SITES
 from heads_lab.output.curves import draw_valid_curves, tight
@@ -79,11 +87,13 @@ def main(args: list[str]) -> int:
                  f"the base row ({opts.samples} resamples) ...")
     started = time.monotonic()
     tables = []  # one per data set, each with its own base row: p pairs one test set only
+    seed_p: dict[Path, str] = {}  # each run's p against the base row's run of its seed
     for name, subset in data_sets(rows).items():
         x, tested = comparisons(subset, runs)
         for c in tested:
             if c.base is not None:
                 c.seeds = significance(c.rows, c.base, split, opts.samples)
+                seed_p.update(seed_p_values(c, split, opts.samples))
         tables.append((name, render(subset, tested, varying, split, paper_of(runs), x)))
     status.print(f"report: bootstrap done in {time.monotonic() - started:.0f} s")
     out = Path(opts.out or opts.dirs[0])
@@ -95,9 +105,11 @@ def main(args: list[str]) -> int:
         console.print(f"[yellow]not in the table[/]: {where} ({status})")
     write_markdown(out / "report.md", tables, problems)
     write_csv(out / "report.csv", [table for _, table in tables])
+    write_csv(out / "runs.csv", runs_table(rows, split, seed_p))
     table = tables[0][1] if len(tables) == 1 else joined(tables)
     pngs = plot(rows, varying, split, out)
-    console.print(f"report: {out / 'report.md'}, {out / 'report.csv'}, " + ", ".join(map(str, pngs)))
+    console.print(f"report: {out / 'report.md'}, {out / 'report.csv'}, {out / 'runs.csv'}, "
+                  + ", ".join(map(str, pngs)))
     if opts.wandb:
         where = report_to_wandb(
             [r.results.get("wandb") or {} for r in runs],
@@ -221,17 +233,6 @@ def budget_note(rows: list[Row], budgets: list[float]) -> str:
 def budget(run: Run) -> float | None:
     """The run's time budget (trainer.max_time, seconds of updates), or None."""
     return run.results.get("train", {}).get("max_time")
-
-
-def train_pairs(run: Run) -> int | None:
-    """The training pairs the run trained on (results.json data.train.kept: after cleaning and
-    data.train_fraction), or None where not recorded."""
-    return (run.results.get("data") or {}).get("train", {}).get("kept")
-
-
-def evaluated(run: Run) -> str:
-    """Which weights a run's BLEU and PPL come from: "best" (eval.checkpoint=best) or "last"."""
-    return (run.results.get("train", {}).get("evaluated") or {}).get("checkpoint") or "last"
 
 
 def curves(rows: list[Row], varying: list[str]) -> tuple[str | None, dict[str, list[int]]]:

@@ -1,6 +1,6 @@
 """The rows of `heads-lab report`: the finished runs read back from their results.json, grouped
 by the settings that vary between them (seeds pooled), the base row, sacrebleu's paired bootstrap
-against it, and the paper's published numbers beside them. Torch-free."""
+against it (report_seeds), and the paper's published numbers beside them. Torch-free."""
 
 from __future__ import annotations
 
@@ -11,9 +11,6 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-from sacrebleu.metrics import BLEU
-from sacrebleu.significance import PairedTest
 
 from heads_lab.config.compose import BOOKKEEPING, is_among, written_before
 from heads_lab.config.schemas import ModelConfig
@@ -249,121 +246,6 @@ def comparisons(rows: list[Row], runs: list[Run]) -> tuple[str | None, list[Comp
     return x, out
 
 
-NO_SHARED_SEED = "no seed of the base row"  # a row's p_reason: no p (significance)
-
-
-def significance(rows: list[Row], base: Row, split: str, samples: int) -> list | None:
-    """Paired bootstrap (sacrebleu) of each row's BLEU against the base row, on the hypotheses
-    of the seeds the row shares with the base row, concatenated in seed order: a row with other
-    or fewer seeds than the others is still tested, on the seeds it shares with the base row
-    (its p cell names them), and the others keep all of theirs. (sacrebleu seeds each system's
-    resampling alike, so a row's p does not depend on which other rows are tested beside it.)
-    A row is paired with the base only on the very same references (its refs files' lines, seed
-    by seed, equal to the base's): a row on another test set has no p (p_reason "other test
-    set"), whatever its line count. A row whose hypotheses are the base's has none either ("same
-    hypotheses"), and a row whose BLEU equals the base's gets p = 1 ("equal BLEU"): sacrebleu's
-    bootstrap compares resampled differences with `>`, so a difference of exactly zero
-    everywhere reads p = 1/(n + 1), "significant". A row sharing no seed with the base has no p
-    (NO_SHARED_SEED). Returns the comparison's seeds, the most any row was paired on (None: no
-    test)."""
-    base_seeds = {r.config.get("seed") for r in base.runs}
-    by_seeds: dict[tuple, list[Row]] = {}
-    for row in rows:
-        if row is base:
-            continue
-        shared = tuple(sorted(base_seeds & {r.config.get("seed") for r in row.runs}))
-        if shared:
-            by_seeds.setdefault(shared, []).append(row)
-        else:
-            row.p_reason = NO_SHARED_SEED
-    if not by_seeds:
-        return None
-    most = max(by_seeds, key=lambda seeds: (len(seeds), len(by_seeds[seeds])))
-    for seeds, members in by_seeds.items():
-        _paired_test(members, base, list(seeds), split, samples)
-        for row in members if seeds != most else []:
-            row.p_seeds = list(seeds)
-    return list(most)
-
-
-def _paired_test(rows: list[Row], base: Row, seeds: list, split: str, samples: int) -> None:
-    """significance for rows that share these seeds with the base row."""
-
-    def texts(row: Row, kind: str) -> list[str]:
-        by_seed = {r.config.get("seed"): r for r in row.runs}
-        out = []
-        for s in seeds:
-            path = by_seed[s].dir / f"{kind}.{split}.txt"
-            out += path.read_text(encoding="utf-8").splitlines()
-        return out
-
-    refs, base_hyps = texts(base, "refs"), texts(base, "hyps")
-    paired = []
-    for row in rows:
-        hyps = texts(row, "hyps")
-        if texts(row, "refs") != refs:
-            row.p_reason = "other test set"
-        elif hyps == base_hyps:
-            row.p_reason = "same hypotheses"
-        else:
-            paired.append((row, hyps))
-    if not paired:
-        return
-    test = PairedTest([(base.label, base_hyps)] + [(row.label, hyps) for row, hyps in paired],
-                      {"BLEU": BLEU()}, [refs], test_type="bs", n_samples=samples)
-    _, scores = test()
-    base_bleu = scores["BLEU"][0].score
-    for (row, _), result in zip(paired, scores["BLEU"][1:]):
-        if result.score == base_bleu:
-            row.p_value, row.p_reason = 1.0, "equal BLEU"
-        else:
-            row.p_value = result.p_value
-
-
-def p_text(row: Row) -> str:
-    """The p column: the p-value, '-' where untested (the base row), or why there is none; and
-    its seeds where they are not the other rows'."""
-    seeds = (f"seed{'s' if len(row.p_seeds) > 1 else ''} {', '.join(map(str, row.p_seeds))}"
-             if row.p_seeds else None)
-    why = "; ".join(x for x in (row.p_reason, seeds) if x)
-    if row.p_value is None:
-        return f"– ({why})" if why else "-"
-    return f"{row.p_value:.4f}" + (f" ({why})" if why else "")
-
-
-def p_note(tested: list[Comparison], varying: list[str], x: str | None) -> str:
-    """The note's words on p: against which base row, on which seeds (where rows have different
-    seeds, a row's p uses those it shares with the base row, and names them where they are
-    not the comparison's)."""
-    done = [c for c in tested if c.seeds]
-
-    def seeds(c: Comparison) -> str:
-        plural = "s" if len(c.seeds) > 1 else ""
-        unused = any({r.config.get("seed") for r in row.runs} - set(c.seeds)
-                     for row in c.rows if not row.p_seeds and row.p_reason != NO_SHARED_SEED)
-        return (f"seed{plural} {', '.join(map(str, c.seeds))}"
-                + (f", the seed{plural} shared with the base row" if unused else "")
-                + (" (concatenated)" if plural else ""))
-
-    own = ("; a p cell that names seeds is on those alone (all its row shares with the base row)"
-           if any(row.p_seeds for c in done for row in c.rows) else "")
-
-    if x is None:
-        return ("p: sacrebleu paired bootstrap of BLEU vs the base row (seed-matched hypotheses, "
-                "on the base row's references only)" + (f", on {seeds(done[0])}" if done else "")
-                + own)
-    name = short_key(x)
-    base = next(c.base for c in tested if c.base is not None)
-    like = ",".join(f"{short_key(k)}={base.runs[0].config.get(k)}" for k in varying if k != x)
-    text = (f"p: sacrebleu paired bootstrap of BLEU vs the base row of the same {name} ({like} "
-            f"at each {name}; seed-matched hypotheses, on the base row's references only)")
-    if not done:
-        return text
-    if len({seeds(c) for c in done}) == 1:  # the same seeds at every x: named once
-        return text + f", on {seeds(done[0])}" + own
-    return text + ", on " + "; ".join(f"{name}={c.x_value}: {seeds(c)}" for c in done) + own
-
-
 def stat(values: list[float], digits: int) -> str:
     values = [v for v in values if v is not None and math.isfinite(v)]
     if not values:
@@ -386,3 +268,14 @@ def paper_of(runs: list[Run]) -> dict | None:
     if any(r.results.get("prune") for r in runs):
         return None
     return PAPER.get(runs[0].config.get("report.paper") or "")
+
+
+def train_pairs(run: Run) -> int | None:
+    """The training pairs the run trained on (results.json data.train.kept: after cleaning and
+    data.train_fraction), or None where not recorded."""
+    return (run.results.get("data") or {}).get("train", {}).get("kept")
+
+
+def evaluated(run: Run) -> str:
+    """Which weights a run's BLEU and PPL come from: "best" (eval.checkpoint=best) or "last"."""
+    return (run.results.get("train", {}).get("evaluated") or {}).get("checkpoint") or "last"

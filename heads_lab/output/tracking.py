@@ -10,6 +10,7 @@ import os
 import platform
 import re
 import subprocess
+import sys
 import time
 from importlib import metadata
 from pathlib import Path
@@ -70,7 +71,30 @@ def environment() -> dict[str, Any]:
             versions[pkg] = None
     versions["python"] = platform.python_version()
     return {"versions": versions, "git": _git_commit(), "host": platform.node(),
-            "platform": platform.platform(), "cpu_count": os.cpu_count()}
+            "platform": platform.platform(), "cpu_count": os.cpu_count(), "cpu": cpu_name()}
+
+
+def cpu_name() -> str:
+    """The CPU's model and the vector instructions torch uses on it, e.g. "Intel(R) Xeon(R)
+    Platinum 8480+ (AVX512)": speed and bf16 (native on AMX / AVX512-BF16 only) depend on it,
+    and the machines studies run on change. The model from /proc/cpuinfo (Linux), else
+    platform.processor(); the capability where torch is loaded (results.json is written by a
+    torch process; this module stays torch-free)."""
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    model = model or platform.processor() or platform.machine()
+    torch = sys.modules.get("torch")
+    try:
+        capability = torch.backends.cpu.get_cpu_capability() if torch else None
+    except AttributeError:  # an old torch
+        capability = None
+    return f"{model} ({capability})" if capability else model
 
 
 def _git_commit() -> dict[str, Any] | None:

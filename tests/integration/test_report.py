@@ -63,6 +63,30 @@ def test_report_table_numbers_and_significance(sweep):
     _, scores = test()
     assert rows[1]["p vs base"] == _expected_p(scores)
     assert rows[0]["p vs base"] == "-"
+    # runs.csv: each run's own numbers, and its p against the base row's run of its seed alone
+    with open(sweep / "runs.csv", newline="") as f:
+        per_run = list(csv.DictReader(f))
+    assert [(r["setting"], r["seed"]) for r in per_run] == [
+        ("h=1", "1"), ("h=1", "2"), ("h=4", "1"), ("h=4", "2")]
+    for line in per_run:
+        (run,) = [r for r in by_h[int(line["setting"][2:])]
+                  if r["config"]["seed"] == int(line["seed"])]
+        assert line["test BLEU"] == f"{run['metrics']['test/bleu']:.4f}"
+        assert line["valid PPL"] == f"{run['metrics']['valid/ppl']:.4f}"
+        assert line["steps"] == str(run["train"]["steps"]) == "12"
+        assert line["precision"] == "fp32" and line["device"] == "cpu"
+        assert line["cpu"] == run["env"]["cpu"] and line["cpu"]
+        if line["setting"] == "h=1":
+            assert line["p vs base (its seed)"] == "base"
+            continue
+        (base,) = [r for r in by_h[1] if r["config"]["seed"] == int(line["seed"])]
+        hyps = [(Path(r["run_dir"]) / "hyps.test.txt").read_text().splitlines()
+                for r in (base, run)]
+        _, scores = PairedTest([("1", hyps[0]), ("4", hyps[1])], {"BLEU": BLEU()},
+                               [(Path(base["run_dir"]) / "refs.test.txt").read_text().splitlines()],
+                               test_type="bs", n_samples=200)()
+        assert line["p vs base (its seed)"] == (
+            "– (same hypotheses)" if hyps[0] == hyps[1] else _expected_p(scores))
     md = (sweep / "report.md").read_text()
     assert "Vaswani et al. 2017 Table 3 (A)" in md and "| h=4 |" in md
     assert ("vs the base row (seed-matched hypotheses, on the base row's references only), on "

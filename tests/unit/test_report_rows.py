@@ -271,7 +271,7 @@ def test_p_values_pair_only_the_same_references_and_never_call_no_difference_sig
     from sacrebleu.metrics import BLEU
     from sacrebleu.significance import PairedTest
 
-    from heads_lab.commands.report_rows import p_text, significance
+    from heads_lab.commands.report_seeds import p_text, significance
 
     refs = [f"the {w} dog runs over the green grass today" for w in
             ("small", "big", "old", "young", "brown", "black", "white", "tall")] * 5
@@ -307,7 +307,8 @@ def test_a_row_with_fewer_seeds_is_tested_on_its_own_and_the_others_keep_all_the
     from sacrebleu.metrics import BLEU
     from sacrebleu.significance import PairedTest
 
-    from heads_lab.commands.report_rows import comparisons, p_note, p_text, significance
+    from heads_lab.commands.report_rows import comparisons
+    from heads_lab.commands.report_seeds import p_note, p_text, significance
 
     refs = {s: [f"the {w} dog number {s} runs over the green grass" for w in
                 ("small", "big", "old", "young", "brown", "black", "white", "tall")] * 4
@@ -349,6 +350,44 @@ def test_a_row_with_fewer_seeds_is_tested_on_its_own_and_the_others_keep_all_the
         "shares with the base row)")
 
 
+def test_each_run_has_its_own_p_against_the_base_run_of_its_seed(tmp_path):
+    """runs.csv's per-seed p: each run against the base row's run of the same seed, on that
+    seed's lines alone (sacrebleu's own p for the pair); the base's runs say "base", a run whose
+    seed the base lacks or whose references differ says why."""
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    from heads_lab.commands.report_seeds import seed_p_values
+
+    refs = {s: [f"the {w} dog number {s} runs over the green grass" for w in
+                ("small", "big", "old", "young", "brown", "black", "white", "tall")] * 4
+            for s in (1, 2, 3)}
+    base = {s: [r.replace("grass", "field") for r in refs[s]] for s in (1, 2)}
+    one = {1: refs[1][:3] + base[1][3:], 2: [r.replace("dog", "cat") for r in base[2][:9]]
+           + base[2][9:], 3: refs[3]}
+    runs = {}
+    for heads, hyps in ((8, base), (1, one)):
+        for seed in hyps:
+            runs[heads, seed] = _scored(tmp_path, f"h{heads}s{seed}", heads, hyps[seed], refs[seed])
+            runs[heads, seed].config["seed"] = seed
+    other = _scored(tmp_path, "h4s1", 4, base[1], [r + " ." for r in refs[1]])  # other refs
+    rows, _ = group([*runs.values(), other])
+    by_heads = {row.runs[0].config["model.heads"]: row for row in rows}
+    per_run = seed_p_values(Comparison(rows, by_heads[8]), "test", 200)
+
+    def sacrebleu_p(seed: int) -> float:
+        _, scores = PairedTest([("base", base[seed]), ("row", one[seed])], {"BLEU": BLEU()},
+                               [refs[seed]], test_type="bs", n_samples=200)()
+        return scores["BLEU"][1].p_value
+
+    assert per_run[runs[8, 1].dir] == per_run[runs[8, 2].dir] == "base"
+    assert per_run[runs[1, 1].dir] == f"{sacrebleu_p(1):.4f}"
+    assert per_run[runs[1, 2].dir] == f"{sacrebleu_p(2):.4f}" != per_run[runs[1, 1].dir]
+    assert per_run[runs[1, 3].dir] == "– (no seed of the base row)"
+    assert per_run[other.dir] == "– (other test set)"
+    assert seed_p_values(Comparison(rows, None), "test", 200) == {}
+
+
 def test_a_study_over_data_sizes_tests_each_row_against_the_base_at_its_own_size(tmp_path):
     """heads_by_data: report.base is h = 8 at 100 % and report.x the data fraction, so h = 1 at
     10 % is tested against h = 8 at 10 % (sacrebleu's own p for that pair), not against the 100 %
@@ -356,7 +395,8 @@ def test_a_study_over_data_sizes_tests_each_row_against_the_base_at_its_own_size
     from sacrebleu.metrics import BLEU
     from sacrebleu.significance import PairedTest
 
-    from heads_lab.commands.report_rows import comparisons, p_text, significance
+    from heads_lab.commands.report_rows import comparisons
+    from heads_lab.commands.report_seeds import p_text, significance
 
     refs = [f"the {w} dog runs over the green grass today" for w in
             ("small", "big", "old", "young", "brown", "black", "white", "tall")] * 5
