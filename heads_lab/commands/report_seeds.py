@@ -187,9 +187,10 @@ RUN_COLUMNS = ("setting", "seed", "run", "valid PPL", "{split} BLEU", "{split} c
 
 def runs_table(rows: list[Row], split: str, seed_p: dict[Path, str]) -> dict[str, Any]:
     """runs.csv: one line per run of the table, row by row, seed by seed. The report's numbers
-    before they are pooled (four decimals, as results.json has them rounded), each run's own
-    p against the base row's run of its seed (seed_p_values), how its training ended and what
-    it ran on, so a published study keeps its per-seed numbers once its run dirs are gone."""
+    before they are pooled (to four decimals: a mean recomputed from them is off by < 0.0001),
+    each run's own p against the base row's run of its seed (seed_p_values; where its
+    comparison has no base row, the row's reason), how its training ended and what it ran on,
+    so a published study keeps its per-seed numbers once its run dirs are gone."""
     header = [c.format(split=split) for c in RUN_COLUMNS]
     home = str(Path.home())
     body = []
@@ -201,7 +202,8 @@ def runs_table(rows: list[Row], split: str, seed_p: dict[Path, str]) -> dict[str
             body.append([
                 row.label, str(run.config.get("seed")), str(run.dir).replace(home, "~", 1),
                 _number(m.get("valid/ppl"), 4), _number(m.get(f"{split}/bleu"), 4),
-                _number(m.get(f"{split}/chrf"), 4), seed_p.get(run.dir, ""),
+                _number(m.get(f"{split}/chrf"), 4),
+                seed_p.get(run.dir) or (f"– ({row.p_reason})" if row.p_reason else ""),
                 _number(best, 0), _number(train.get("steps"), 0), str(train.get("stopped_by") or ""),
                 _number(train.get("seconds"), 0), _number(m.get("train/tokens_per_s"), 0),
                 _number(m.get("cost/peak_mem_mb"), 0), _number(train_pairs(run), 0),

@@ -460,3 +460,30 @@ def test_a_study_over_data_sizes_tests_each_row_against_the_base_at_its_own_size
     x, tested = comparisons(rows, runs)
     assert x is None and [c.base.label for c in tested] == ["train_fraction=1.0,h=8"]
     assert tested[0].rows == rows
+
+
+def test_runs_csv_lines_are_each_runs_own_numbers_in_seed_order():
+    """runs_table: a line per run, seeds in order within a row, four decimals, the run's own p
+    (seed_p_values) or, where its comparison had no base row, the row's reason."""
+    from heads_lab.commands.report_seeds import runs_table
+
+    runs = [_run(s, heads=h) for h in (1, 8) for s in (2, 1)]
+    for run in runs:
+        run.dir = Path(f"h{run.config['model.heads']}s{run.config['seed']}")
+        run.metrics.update({"valid/ppl": 4.123456, "test/chrf": 55.0})
+        run.results = {"train": {"steps": 2600, "stopped_by": "patience", "seconds": 3190.4,
+                                 "evaluated": {"checkpoint": "best", "step": 1800}},
+                       "env": {"cpu": "AMD EPYC (AVX2)", "git": {"commit": "0123456789abcdef"}}}
+    rows, _ = group(runs)
+    rows[0].p_reason = "no h=8 at train_fraction=0.3"
+    table = runs_table(rows, "test", {Path("h8s1"): "base", Path("h8s2"): "base"})
+    lines = [dict(zip(table["header"], line)) for line in table["rows"]]
+    assert [(x["setting"], x["seed"]) for x in lines] == [("h=1", "1"), ("h=1", "2"),
+                                                          ("h=8", "1"), ("h=8", "2")]
+    assert lines[0]["test BLEU"] == "31.0000" and lines[1]["test BLEU"] == "32.0000"
+    assert lines[0]["valid PPL"] == "4.1235" and lines[0]["train s"] == "3190"
+    assert lines[0]["p vs base (its seed)"] == "– (no h=8 at train_fraction=0.3)"
+    assert lines[2]["p vs base (its seed)"] == "base"
+    assert (lines[0]["best step"], lines[0]["steps"], lines[0]["stopped by"]) == (
+        "1800", "2600", "patience")
+    assert lines[0]["cpu"] == "AMD EPYC (AVX2)" and lines[0]["commit"] == "0123456789ab"
