@@ -71,7 +71,8 @@ def main(args: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="heads-lab report", usage=USAGE, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("dirs", nargs="+", help="multirun dirs, run dirs, or dirs holding them")
-    parser.add_argument("--out", help="where to write report.md/.csv/.png (default: first dir)")
+    parser.add_argument("--out", help="where to write report.md/.csv, runs.csv and the PNGs (default: "
+                                          "first dir)")
     parser.add_argument("--samples", type=int, default=1000, help="bootstrap resamples")
     parser.add_argument("--wandb", action="store_true",
                         help="also log the table and plots to a wandb run (job_type report, in "

@@ -11,7 +11,7 @@ from typing import Any
 from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest
 
-from heads_lab.commands.report_rows import Comparison, Row, Run, evaluated, train_pairs
+from heads_lab.commands.report_rows import Comparison, Row, Run, train_pairs
 from heads_lab.output.tracking import short_key
 
 NO_SHARED_SEED = "no seed of the base row"  # a row's p_reason: no p (significance)
@@ -114,8 +114,9 @@ def seed_p_values(c: Comparison, split: str, samples: int) -> dict[Path, str]:
     for run in c.base.runs:
         out[run.dir] = "base"
     for seed, base_run in base_by_seed.items():
-        mine = [run for row in c.rows if row is not c.base for run in row.runs
-                if run.config.get("seed") == seed]
+        mine = [{r.config.get("seed"): r for r in row.runs}.get(seed) for row in c.rows
+                if row is not c.base]  # as significance: a row's last run of the seed
+        mine = [run for run in mine if run is not None]
         if not mine:  # nothing to pair: the base's files are not read (a lone run has none)
             continue
         refs, base_hyps = lines(base_run, "refs", split), lines(base_run, "hyps", split)
@@ -132,8 +133,12 @@ def seed_p_values(c: Comparison, split: str, samples: int) -> dict[Path, str]:
             out[run.dir] = "1.0000 (equal BLEU)" if p is None else f"{p:.4f}"
     for row in c.rows:
         for run in row.runs:
-            out.setdefault(run.dir, f"– ({NO_SHARED_SEED})")
+            out.setdefault(run.dir, f"– ({NO_SHARED_SEED})" if run.config.get("seed")
+                           not in base_by_seed else f"– ({SECOND_RUN})")
     return out
+
+
+SECOND_RUN = "another run of its seed in its row is the one paired"  # seed_p_values
 
 
 def p_text(row: Row) -> str:
@@ -192,24 +197,34 @@ def runs_table(rows: list[Row], split: str, seed_p: dict[Path, str]) -> dict[str
     comparison has no base row, the row's reason), how its training ended and what it ran on,
     so a published study keeps its per-seed numbers once its run dirs are gone."""
     header = [c.format(split=split) for c in RUN_COLUMNS]
-    home = str(Path.home())
+    home = Path.home().resolve()
     body = []
     for row in rows:
         for run in sorted(row.runs, key=lambda r: _order_seed(r.config.get("seed"))):
             m, train = run.metrics, run.results.get("train", {})
             env = run.results.get("env") or {}
-            best = (train.get("evaluated") or {}).get("step") if evaluated(run) == "best" else None
+            seed = run.config.get("seed")
             body.append([
-                row.label, str(run.config.get("seed")), str(run.dir).replace(home, "~", 1),
+                row.label, "" if seed is None else str(seed), _where(run.dir, home),
                 _number(m.get("valid/ppl"), 4), _number(m.get(f"{split}/bleu"), 4),
                 _number(m.get(f"{split}/chrf"), 4),
                 seed_p.get(run.dir) or (f"– ({row.p_reason})" if row.p_reason else ""),
-                _number(best, 0), _number(train.get("steps"), 0), str(train.get("stopped_by") or ""),
+                _number(train.get("best_step"), 0), _number(train.get("steps"), 0),
+                str(train.get("stopped_by") or ""),
                 _number(train.get("seconds"), 0), _number(m.get("train/tokens_per_s"), 0),
                 _number(m.get("cost/peak_mem_mb"), 0), _number(train_pairs(run), 0),
                 str(run.config.get("trainer.precision") or ""), str(run.results.get("device") or ""),
                 str(env.get("cpu") or ""), str((env.get("git") or {}).get("commit") or "")[:12]])
     return {"header": header, "rows": body, "note": ""}
+
+
+def _where(run_dir: Path, home: Path) -> str:
+    """The run's dir, absolute, with ~ for the home dir it is under (the machine's user is no
+    part of a published table)."""
+    path = run_dir.resolve()
+    if path != home and path.is_relative_to(home):
+        return f"~/{path.relative_to(home)}"
+    return str(path)
 
 
 def _order_seed(seed: Any) -> tuple:

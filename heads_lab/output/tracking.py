@@ -75,11 +75,11 @@ def environment() -> dict[str, Any]:
 
 
 def cpu_name() -> str:
-    """The CPU's model and the vector instructions torch uses on it, e.g. "Intel(R) Xeon(R)
-    Platinum 8480+ (AVX512)": speed and bf16 (native on AMX / AVX512-BF16 only) depend on it,
-    and the machines studies run on change. The model from /proc/cpuinfo (Linux), else
-    platform.processor(); the capability where torch is loaded (results.json is written by a
-    torch process; this module stays torch-free)."""
+    """The CPU's model and the vector instructions torch uses on it, e.g. "AMD EPYC (AVX2)":
+    speed depends on them, and so does bf16 (native on AMX / AVX512-BF16 only, which torch's
+    capability does not name: the model says it), and the machines studies run on change. The
+    model from /proc/cpuinfo (Linux), else platform.processor(); the capability where torch is
+    loaded (results.json is written by a torch process; this module stays torch-free)."""
     model = ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -92,7 +92,7 @@ def cpu_name() -> str:
     torch = sys.modules.get("torch")
     try:
         capability = torch.backends.cpu.get_cpu_capability() if torch else None
-    except AttributeError:  # an old torch
+    except (AttributeError, RuntimeError):  # an old torch
         capability = None
     return f"{model} ({capability})" if capability else model
 

@@ -76,6 +76,10 @@ def test_report_table_numbers_and_significance(sweep):
         assert line["steps"] == str(run["train"]["steps"]) == "12"
         assert line["precision"] == "fp32" and line["device"] == "cpu"
         assert line["cpu"] == run["env"]["cpu"] and line["cpu"]
+        assert Path(line["run"]).expanduser() == Path(run["run_dir"]).resolve()
+        assert line["best step"] == str(run["train"]["best_step"])
+        assert line["train pairs"] == str(run["data"]["train"]["kept"])
+        assert all(line[k] for k in ("test chrF", "train s", "tok/s", "peak MB"))
         if line["setting"] == "h=1":
             assert line["p vs base (its seed)"] == "base"
             continue

@@ -370,21 +370,35 @@ def test_each_run_has_its_own_p_against_the_base_run_of_its_seed(tmp_path):
         for seed in hyps:
             runs[heads, seed] = _scored(tmp_path, f"h{heads}s{seed}", heads, hyps[seed], refs[seed])
             runs[heads, seed].config["seed"] = seed
-    other = _scored(tmp_path, "h4s1", 4, base[1], [r + " ." for r in refs[1]])  # other refs
-    rows, _ = group([*runs.values(), other])
+    # seed 1: h = 2 on other references (between two paired rows), h = 32 paired too;
+    # seed 2: h = 4 with the base's hypotheses, h = 16 as good as the base (another wrong word)
+    many = [r.replace("dog", "cat") for r in base[1][:20]] + base[1][20:]
+    extra = {(2, 1): (base[1], [r + " ." for r in refs[1]]), (32, 1): (many, refs[1]),
+             (4, 2): (base[2], refs[2]), (16, 2): ([base[2][0].replace("field", "meadow")]
+                                                   + base[2][1:], refs[2])}
+    for (heads, seed), (hyps, ref) in extra.items():
+        runs[heads, seed] = _scored(tmp_path, f"h{heads}s{seed}", heads, hyps, ref)
+        runs[heads, seed].config["seed"] = seed
+    twice = _scored(tmp_path, "h1s2again", 1, one[2], refs[2])  # a second seed-2 run of h = 1
+    twice.config["seed"] = 2
+    rows, _ = group([*runs.values(), twice])
     by_heads = {row.runs[0].config["model.heads"]: row for row in rows}
     per_run = seed_p_values(Comparison(rows, by_heads[8]), "test", 200)
 
-    def sacrebleu_p(seed: int) -> float:
-        _, scores = PairedTest([("base", base[seed]), ("row", one[seed])], {"BLEU": BLEU()},
+    def sacrebleu_p(seed: int, hyps: list[str]) -> float:
+        _, scores = PairedTest([("base", base[seed]), ("row", hyps)], {"BLEU": BLEU()},
                                [refs[seed]], test_type="bs", n_samples=200)()
         return scores["BLEU"][1].p_value
 
     assert per_run[runs[8, 1].dir] == per_run[runs[8, 2].dir] == "base"
-    assert per_run[runs[1, 1].dir] == f"{sacrebleu_p(1):.4f}"
-    assert per_run[runs[1, 2].dir] == f"{sacrebleu_p(2):.4f}" != per_run[runs[1, 1].dir]
+    assert per_run[runs[1, 1].dir] == f"{sacrebleu_p(1, one[1]):.4f}"
+    assert per_run[runs[32, 1].dir] == f"{sacrebleu_p(1, many):.4f}" != per_run[runs[1, 1].dir]
+    assert per_run[twice.dir] == f"{sacrebleu_p(2, one[2]):.4f}" != per_run[runs[1, 1].dir]
+    assert per_run[runs[1, 2].dir] == "– (another run of its seed in its row is the one paired)"
     assert per_run[runs[1, 3].dir] == "– (no seed of the base row)"
-    assert per_run[other.dir] == "– (other test set)"
+    assert per_run[runs[2, 1].dir] == "– (other test set)"
+    assert per_run[runs[4, 2].dir] == "– (same hypotheses)"
+    assert per_run[runs[16, 2].dir] == "1.0000 (equal BLEU)"
     assert seed_p_values(Comparison(rows, None), "test", 200) == {}
 
 
@@ -472,7 +486,7 @@ def test_runs_csv_lines_are_each_runs_own_numbers_in_seed_order():
         run.dir = Path(f"h{run.config['model.heads']}s{run.config['seed']}")
         run.metrics.update({"valid/ppl": 4.123456, "test/chrf": 55.0})
         run.results = {"train": {"steps": 2600, "stopped_by": "patience", "seconds": 3190.4,
-                                 "evaluated": {"checkpoint": "best", "step": 1800}},
+                                 "best_step": 1800},
                        "env": {"cpu": "AMD EPYC (AVX2)", "git": {"commit": "0123456789abcdef"}}}
     rows, _ = group(runs)
     rows[0].p_reason = "no h=8 at train_fraction=0.3"
