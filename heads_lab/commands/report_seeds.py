@@ -119,18 +119,10 @@ def seed_p_values(c: Comparison, split: str, samples: int) -> dict[Path, str]:
         mine = [run for run in mine if run is not None]
         if not mine:  # nothing to pair: the base's files are not read (a lone run has none)
             continue
-        refs, base_hyps = lines(base_run, "refs", split), lines(base_run, "hyps", split)
-        paired = []
-        for run in mine:
-            hyps = lines(run, "hyps", split)
-            why = unpaired(lines(run, "refs", split), hyps, refs, base_hyps)
-            if why:
-                out[run.dir] = f"– ({why})"
-            else:
-                paired.append((run, hyps))
-        for (run, _), p in zip(paired, bootstrap(base_hyps, refs, [h for _, h in paired],
-                                                 samples)):
-            out[run.dir] = "1.0000 (equal BLEU)" if p is None else f"{p:.4f}"
+        singles = [Row((), "", [run]) for run in mine]  # each run a row of its own
+        _paired_test(singles, Row((), "", [base_run]), [seed], split, samples)
+        for one in singles:
+            out[one.runs[0].dir] = p_text(one)
     for row in c.rows:
         for run in row.runs:
             out.setdefault(run.dir, f"– ({NO_SHARED_SEED})" if run.config.get("seed")
