@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 from heads_lab.bench.baseline import TorchTransformer
 from heads_lab.bench.depth import pair
@@ -12,6 +14,7 @@ from heads_lab.bench.measure import Variant, Workload, decode_throughput, train_
 from heads_lab.config.cost import Lengths, account, parameter_count
 from heads_lab.config.schemas import ModelConfig
 from heads_lab.model import Transformer
+from heads_lab.training import device as device_mod
 
 SMALL = ModelConfig(d_model=32, heads=4, d_ff=64, encoder_layers=1, decoder_layers=1)
 
@@ -27,6 +30,42 @@ def test_torch_baseline_trains_and_decodes_like_our_model():
     base = TorchTransformer(SMALL, 50)
     ours = sum(p.numel() for p in Transformer(SMALL, 50).parameters())
     assert sum(p.numel() for p in base.parameters()) == ours  # same dims, same parameter count
+
+
+class _Clock:
+    """A fake perf_counter, and products that take flops / rate of its seconds."""
+
+    def __init__(self, gflops_per_s: float):
+        self.t, self.rate, self.products = 0.0, gflops_per_s, 0
+
+    def randn(self, *shape, **_):
+        return _SlowMatrix(self, shape)
+
+
+class _SlowMatrix:
+    def __init__(self, clock, shape):
+        self.clock, self.shape = clock, shape
+
+    def __matmul__(self, other):
+        self.clock.t += 2 * self.shape[0] * self.shape[1] * other.shape[1] / (self.clock.rate * 1e9)
+        self.clock.products += 1
+
+
+@pytest.mark.parametrize("rate", [80.0, 0.5])
+def test_matmul_ceiling_finds_a_planted_rate_within_its_budget(monkeypatch, rate):
+    """A machine whose products run at a known rate: 80 GFLOP/s (every shape, 1 + 10 products
+    each) and 0.5 GFLOP/s (bf16 on a CPU without native bf16, where all shapes × 13 products
+    took over ten minutes): the ceiling is the planted rate and the clock stays in the budget."""
+    clock = _Clock(rate)
+    monkeypatch.setattr(device_mod.torch, "randn", clock.randn)
+    monkeypatch.setattr(device_mod, "time", SimpleNamespace(perf_counter=lambda: clock.t))
+    ceiling = device_mod.matmul_ceiling(torch.bfloat16, budget_s=10.0)
+    assert ceiling == pytest.approx(rate)
+    assert clock.t <= 10.0
+    if rate == 80.0:
+        assert clock.products == 11 * len(device_mod.CEILING_SHAPES)
+    else:  # 2048×1024×1024 once (8.6 s); then only 1280×256×1024 fits once (1.3 s)
+        assert clock.products == 2
 
 
 def test_deep_single_head_twin_has_the_same_heads_parameters_and_flops():
