@@ -90,8 +90,8 @@ def test_bench_command_runs_and_writes_its_targets(tmp_path, monkeypatch):
     monkeypatch.setattr("heads_lab.bench.suite.matmul_ceiling", lambda dtype, device: 100.0)
     out = tmp_path / "bench.json"
     assert main(["--quick", "--steps", "1", "--warmup", "0", "--json", str(out), "--device", "cpu",
-                 "model.d_model=32", "model.d_ff=64", "model.encoder_layers=1",
-                 "model.decoder_layers=1"]) == 0
+                 "--batch", "4", "--length", "6", "model.d_model=32", "model.d_ff=64",
+                 "model.encoder_layers=1", "model.decoder_layers=1"]) == 0
     result = json.loads(out.read_text())
     names = {r["name"] for r in result["rows"]}
     assert {"torch.nn.Transformer h=8", "mha h=8", "talking_heads h=32", "mha h=8 bf16"} <= names
