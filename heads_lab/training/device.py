@@ -117,7 +117,7 @@ def matmul_ceiling(dtype, reps: int = 10, device=None, budget_s: float = 10.0) -
     Each shape's first product is the warm-up and times one product; then up to `reps` more
     are timed, as many as fit in what is left of `budget_s`, and a shape that would not fit
     once (at the best rate so far) is left out. A CPU without native bf16 runs bf16 products
-    at well under 1 GFLOP/s (1.4 s for 1280×256×1024 on an AVX2 EPYC), where every shape ×
+    at 0.5–2 GFLOP/s (1.4 s for 1280×256×1024 on an AVX2 EPYC), where every shape ×
     13 products took over ten minutes; there the ceiling rests on the shapes that fit (at
     least the first). A fast machine measures every shape in a few seconds, as before."""
     device = device or torch.device("cpu")
