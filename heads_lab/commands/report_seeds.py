@@ -15,6 +15,7 @@ from heads_lab.commands.report_rows import Comparison, Row, Run, train_pairs
 from heads_lab.output.tracking import short_key
 
 NO_SHARED_SEED = "no seed of the base row"  # a row's p_reason: no p (significance)
+SECOND_RUN = "another run of its seed in its row is the one paired"  # a run's: seed_p_values
 
 
 def significance(rows: list[Row], base: Row, split: str, samples: int) -> list | None:
@@ -128,9 +129,6 @@ def seed_p_values(c: Comparison, split: str, samples: int) -> dict[Path, str]:
             out.setdefault(run.dir, f"– ({NO_SHARED_SEED})" if run.config.get("seed")
                            not in base_by_seed else f"– ({SECOND_RUN})")
     return out
-
-
-SECOND_RUN = "another run of its seed in its row is the one paired"  # seed_p_values
 
 
 def p_text(row: Row) -> str:
