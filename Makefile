@@ -1,7 +1,8 @@
 # heads-lab: the two set-up commands are `make demo` and `make test`; both install first.
 # `make demo` installs what a user needs to train, sweep and report (heads-lab with the Hydra
 # launchers); `make test` adds the test tools and the Ray launcher (the `dev` extra).
-# Torch is installed before the rest, as the CPU build unless told otherwise:
+# Torch is installed before the rest (torch==2.13.0 from pip's index; without a GPU, a build that
+# would pull CUDA packages is refused with the CPU index to use), unless told otherwise:
 #   make install TORCH_INDEX=https://download.pytorch.org/whl/cu128   (a CUDA build)
 #   make install TORCH_SPEC='torch==2.5.1'                            (another version)
 PYTHON ?= python3
