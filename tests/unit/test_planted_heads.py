@@ -1,12 +1,14 @@
 """The positive control of the head analysis: a model whose encoder heads are planted (through
 heads.planted) to attend to the previous token, to the token itself, to each word's syntactic
-head on gold trees, and to EOS. `analyze` must give each its role exactly, on a hand-written
+head on gold trees, to EOS, and to the sentence's rarest source token (by the training data's
+counts). `analyze` must give each its role exactly, on a hand-written
 CoNLL-U treebank with multiword tokens (zum = zu dem, im = in dem) and words split into
 subwords."""
 
 from __future__ import annotations
 
 import gzip
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -77,8 +79,9 @@ def setup(tmp_path_factory):
     return run, model, corpus, tok, treebank
 
 
-def _plants(tok: Tokenizer, treebank: Path):
-    """The planted heads of encoder layer 1: weight functions of the source ids."""
+def _plants(tok: Tokenizer, treebank: Path, corpus: Corpus):
+    """The planted heads of encoder layer 1 and a rare-word head at layer 0, head 0: weight
+    functions of the source ids."""
     trees = read_conllu(treebank)
     split, kept, _, _ = treebank_split(trees, tok, "NFC", None, 200)
     syntactic: dict[tuple[int, ...], np.ndarray] = {}
@@ -113,14 +116,24 @@ def _plants(tok: Tokenizer, treebank: Path):
         w = 0.02 * rng.dirichlet(np.ones(n - 1), size=n)
         return np.concatenate([w, np.full((n, 1), 0.98)], axis=1)
 
-    return {(1, 0): lambda s: rows(s, previous), (1, 1): lambda s: rows(s, lambda i, n: np.eye(n)),
+    train = corpus.splits["train"]
+    freq = Counter(int(t) for i in range(len(train)) for t in train.src[i])
+
+    def rarest(ids, n):  # each query: one of the least frequent tokens (EOS not one), at random
+        f = np.array([freq.get(t, 0) for t in ids[:-1]])
+        w = np.zeros((n, n))
+        w[np.arange(n), rng.choice(np.flatnonzero(f == f.min()), size=n)] = 1.0
+        return w
+
+    return {(0, 0): lambda s: rows(s, rarest), (1, 0): lambda s: rows(s, previous),
+            (1, 1): lambda s: rows(s, lambda i, n: np.eye(n)),
             (1, 2): lambda s: rows(s, lambda i, n: syntactic[tuple(i)]),
             (1, 3): lambda s: rows(s, eos)}
 
 
 def test_analyze_finds_every_planted_head_and_only_its_role(setup):
     run, model, corpus, tok, treebank = setup
-    with planted(model, _plants(tok, treebank)):
+    with planted(model, _plants(tok, treebank, corpus)):
         result, sentences = analyze(model, corpus, run.analysis, torch.device("cpu"), 4096)
     assert result["sentences"] == 4 * COPIES and result["syntax"]["matched"] == 4 * COPIES
     assert result["syntax"]["arcs_within_a_token"] == 0  # zu, dem of zum: heads outside it
@@ -152,8 +165,19 @@ def test_analyze_finds_every_planted_head_and_only_its_role(setup):
     # EOS: no role, and no confidence on the real tokens (EOS is not a key)
     assert eos["function"] == "other" and eos["confidence"] <= 0.02 + 1e-6
     assert eos["syntactic_relations"] == [] and not eos["positional"]["is_positional"]
+    # the rarest token, whichever of the tied ones: a rare-word head, and nothing else is
+    rare = heads[0, 0]
+    assert rare["function"] == "rare" and rare["rare"]["share"] == 1.0 and rare["rare"]["is_rare"]
+    assert not any(h["rare"]["is_rare"] for key, h in heads.items() if key != (0, 0))
     # the planted heads, not the random ones of layer 0, are what the measures find
-    assert all(heads[0, h]["function"] == "other" for h in range(4))
+    assert all(heads[0, h]["function"] == "other" for h in range(1, 4))
+    # the syntactic-gain grid: each head's best accuracy − baseline over the relations counted
+    counted = [k for k, v in relations.items() if v["arcs"] >= run.analysis.min_arcs]
+    gain = result["grids"]["syntactic_gain"]["enc-self"]
+    assert gain[1][2] == pytest.approx(max(1.0 - relations[k]["baseline"] for k in counted
+                                           if k.endswith("dep→head") and not k.startswith("punct")))
+    for (layer, head), h in heads.items():
+        assert gain[layer][head] == pytest.approx(max(h["syntactic"][k]["gain"] for k in counted))
 
 
 def test_a_new_map_measure_plugs_in_through_the_declared_list(setup, monkeypatch, tmp_path):
@@ -171,7 +195,7 @@ def test_a_new_map_measure_plugs_in_through_the_declared_list(setup, monkeypatch
     monkeypatch.setattr(record, "MAP_MEASURES", tuple(m for m in plugged
                                                       if isinstance(m, measures.MapMeasure)))
     run, model, corpus, tok, treebank = setup
-    with planted(model, _plants(tok, treebank)):
+    with planted(model, _plants(tok, treebank, corpus)):
         result, _ = analyze(model, corpus, run.analysis, torch.device("cpu"), 4096)
     grid = np.array(result["grids"]["own_token"]["enc-self"], dtype=float)
     assert grid.shape == (2, 4) and grid[1, 1] == pytest.approx(1.0)
