@@ -305,3 +305,20 @@ def test_analyze_tables_say_why_there_are_no_syntactic_heads_on_real_data(tmp_pa
     none = tables(_result(None, {}))
     assert isinstance(none[-1], str) and "analysis.treebank=" in none[-1]
     assert not any(isinstance(t, tuple) and t[0].startswith("syntactic") for t in none)
+
+
+def test_lrp_against_importance_is_spearmans_rank_correlation():
+    """analysis.json's lrp_vs_importance: ranks, not values (a monotone map is 1, a reversing
+    one −1, ties take mean ranks as scipy's), and None where no correlation is defined."""
+    from heads_lab.analysis.record import _spearman
+
+    lrp = np.array([0.1, 0.4, 0.2, 0.9, 0.3])
+    assert _spearman(lrp, np.exp(10 * lrp)) == pytest.approx(1.0)  # monotone, far from linear
+    assert _spearman(lrp, -lrp ** 3) == pytest.approx(-1.0)
+    # by hand: ranks 1 4 2 5 3 against 2 2 2 4.5 4.5 (ties at their mean rank) -> Pearson of ranks
+    tied = np.array([0.0, 0.0, 0.0, 1.0, 1.0])
+    r, t = np.array([1, 4, 2, 5, 3.0]), np.array([2, 2, 2, 4.5, 4.5])
+    r, t = r - r.mean(), t - t.mean()
+    assert _spearman(lrp, tied) == pytest.approx((r @ t) / np.sqrt((r @ r) * (t @ t)))
+    assert _spearman(lrp, np.ones(5)) is None and _spearman(np.ones(5), lrp) is None
+    assert _spearman(lrp[:2], lrp[:2]) is None  # two heads: no rank correlation worth a number

@@ -7,6 +7,7 @@ import errno
 import logging
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -313,3 +314,21 @@ def test_a_square_talking_heads_run_from_before_mix_init_resumes_under_the_defau
     result = train(_model(), split, split, cfg, seed=0, device=CPU, checkpoints=Checkpoints(
         tmp_path, cfg, {**CONFIG, "model": {**square, "mix_init": None}}))
     assert result.resumed_from == 4
+
+
+def test_checkpoint_averaging_is_the_float64_mean_cast_back():
+    """`heads-lab eval eval.average_last=N`: each float tensor the mean of the N checkpoints'
+    (summed in float64, then in its own dtype, bf16 included); integer buffers from the first."""
+    from heads_lab.commands.runs import average
+
+    g = torch.Generator().manual_seed(0)
+    states = [{"w": torch.randn(4, 3, generator=g), "b": torch.randn(5, generator=g).bfloat16(),
+               "step": torch.tensor([7 + i])} for i in range(3)]
+    out = average(states)
+    w = np.mean([s["w"].double().numpy() for s in states], axis=0)
+    b = np.mean([s["b"].double().numpy() for s in states], axis=0)
+    assert out["w"].dtype == torch.float32 and out["b"].dtype == torch.bfloat16
+    assert torch.equal(out["w"], torch.from_numpy(w).float())
+    assert torch.equal(out["b"], torch.from_numpy(b).bfloat16())
+    assert torch.equal(out["step"], states[0]["step"])
+    assert average(states[:1]) is states[0]
