@@ -11,6 +11,7 @@ import pytest
 
 from heads_lab.config.schemas import CleaningConfig, TatoebaDataConfig
 from heads_lab.data import prepare
+from heads_lab.data.cleaning import normalize
 from heads_lab.data.sources import open_source, preflight
 from heads_lab.data.tatoeba import split
 from heads_lab.errors import DataError
@@ -67,6 +68,28 @@ def test_split_keeps_sentence_groups_apart_and_one_pair_per_held_out_sentence(tm
         assert (info["train"]["pairs"] + info["valid"]["pairs"] + info["test"]["pairs"]
                 + info["held_out_variants"]) == len(_lines())
         assert [info[s]["pairs"] for s in ("train", "valid", "test")] == [len(parts[s]) for s in parts]
+
+
+def test_sentences_differing_only_in_unicode_form_or_spaces_are_one_group(tmp_path):
+    """'Café' written as e + combining accent, or with doubled or no-break spaces, is the same
+    sentence after cleaning (NFC, whitespace collapsed), so its pairs must share a split: else a
+    held-out sentence would be trained on under another spelling."""
+    variants = [("Cafe\u0301 time.", "Kaffeezeit."), ("Café time.", "Zeit für Kaffee."),
+                ("Café  time.", "Kaffeepause."),  # English: decomposed, composed, two spaces
+                ("It is 300 km.", "Es sind 300\u202f000\xa0km."),
+                ("That is 300 km.", "Es sind 300\xa0000\xa0km.")]  # German: two spaces alike
+    path = _zip(tmp_path / "deu-eng.zip", _lines() + [f"{en}\t{de}" for en, de in variants])
+    held = {"valid": 0, "test": 0}
+    for seed in range(60):
+        readers = open_source(_cfg(path, split_seed=seed))
+        where = {s: {normalize(text, "NFC") for pair in _read(readers, s) for text in pair}
+                 for s in ("train", "valid", "test")}  # as cleaning will write them
+        for text in ("Café time.", "Es sind 300 000 km."):
+            found = {s for s, seen in where.items() if text in seen}
+            assert len(found) == 1, (seed, text, found)
+            if found != {"train"}:
+                held[found.pop()] += 1
+    assert held["valid"] and held["test"]  # the groups were held out in some seeds
 
 
 def test_held_out_sentence_keeps_its_first_pair(tmp_path):
