@@ -52,7 +52,7 @@ or of `analysis.treebank`):
 """
 
 from heads_lab.analysis.head_map import mds_coordinates, within_layer
-from heads_lab.analysis.importance import head_importance, head_importance_flat, importance_by_kind
+from heads_lab.analysis.importance import head_importance, importance_by_kind, least_important
 from heads_lab.analysis.maps import Sentence, collect_maps
 from heads_lab.analysis.metrics import (
     RELATIONS,
@@ -76,7 +76,7 @@ from heads_lab.analysis.syntax import (
 )
 
 __all__ = ["RELATIONS", "Sentence", "Tree", "analyze", "attach_arcs", "collect_maps", "confidence",
-           "diversity", "head_distances", "head_importance", "head_importance_flat",
-           "importance_by_kind", "mds_coordinates", "piece_spans", "positional", "rare_sentences",
+           "diversity", "head_distances", "head_importance", "importance_by_kind", "least_important",
+           "mds_coordinates", "piece_spans", "positional", "rare_sentences",
            "rare_share", "read_conllu", "syntactic", "within_layer", "word_map", "word_spans",
            "words_to_subwords"]

@@ -97,8 +97,12 @@ def head_importance(model, split: Split, count: int | None, max_tokens: int, dev
     return {(site, layer): v for (site, layer, _), v in scores.items()}
 
 
-def head_importance_flat(importance: dict[tuple[str, int], np.ndarray]) -> list[tuple[float, str,
-                                                                                       int, int]]:
-    """(importance, site, layer, head) for every scored head, least important first."""
-    return sorted((float(v), site, layer, h) for (site, layer), vals in importance.items()
-                  for h, v in enumerate(vals))
+def least_important(importance: dict[tuple[str, int], np.ndarray], masked: HeadSet,
+                    n: int) -> list[tuple[str, int, int]]:
+    """The `n` least important heads not yet `masked`, least first, as (site, layer, head): one
+    step of Michel et al. 2019's pruning by importance (heads removed in order of their
+    importance score, lowest first; heads-lab rescores under the current mask before each step).
+    Ties go by site, layer and head."""
+    ranked = sorted((float(v), site, layer, h) for (site, layer), vals in importance.items()
+                    for h, v in enumerate(vals) if h not in masked.get((site, layer), ()))
+    return [(site, layer, h) for _, site, layer, h in ranked[:n]]

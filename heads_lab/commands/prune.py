@@ -142,8 +142,8 @@ def _point(base, masked, split, corpus, run, device) -> dict[str, Any]:
 
 
 def importance_curves(run, model, corpus, eval_split, device, out: Path) -> dict[str, Any]:
-    from heads_lab.analysis import head_importance  # lazy: start-up time (torch)
-    from heads_lab.model.heads import attention_modules, count_heads  # lazy: start-up time (torch)
+    from heads_lab.analysis import head_importance, least_important  # lazy: start-up time (torch)
+    from heads_lab.model.heads import count_heads  # lazy: start-up time (torch)
 
     p = run.prune
     imp_split = _head(corpus.splits[p.split], p.eval_sentences)
@@ -160,12 +160,7 @@ def importance_curves(run, model, corpus, eval_split, device, out: Path) -> dict
         while sum(len(v) for v in masked.values()) < in_scope:
             importance = head_importance(model, imp_split, None, run.trainer.max_tokens, device,
                                          masked, sites=tuple(scope))
-            candidates = sorted(
-                (float(score[h]), site, layer, h)
-                for (site, layer), score in importance.items()
-                for h in range(attention_modules(model)[(site, layer)].out_heads)
-                if h not in masked.get((site, layer), []))
-            for _, site, layer, h in candidates[:per_step]:
+            for site, layer, h in least_important(importance, masked, per_step):
                 masked.setdefault((site, layer), []).append(h)
             n = sum(len(v) for v in masked.values())
             row = _point(model, masked, eval_split, corpus, run, device)

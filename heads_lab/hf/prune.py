@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from heads_lab.analysis.importance import least_important
 from heads_lab.hf import heads as hf_heads
 from heads_lab.hf.models import Pretrained
 
@@ -80,10 +81,8 @@ def curves(pre: Pretrained, importance_data: tuple, eval_data: tuple, sites: lis
         while sum(len(v) for v in masked.values()) < in_scope:
             with hf_heads.masked(pre, masked):
                 scores = hf_heads.importance(pre, *importance_data, device)
-            candidates = sorted((float(scores[(site, layer, "head")][h]), site, layer, h)
-                                for site, layer in keys for h in range(pre.heads[(site, layer)])
-                                if h not in masked.get((site, layer), []))
-            for _, site, layer, h in candidates[:per_step]:
+            in_keys = {(site, layer): scores[(site, layer, "head")] for site, layer in keys}
+            for site, layer, h in least_important(in_keys, masked, per_step):
                 masked.setdefault((site, layer), []).append(h)
             n = sum(len(v) for v in masked.values())
             row = _row(pre, masked, eval_data, beam, device, n / in_scope)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from heads_lab.analysis import head_importance, importance_by_kind
+from heads_lab.analysis import head_importance, importance_by_kind, least_important
 from heads_lab.config.schemas import AttentionKind, ModelConfig
 from heads_lab.config.variants import out_heads
 from heads_lab.data import Split
@@ -172,6 +172,21 @@ def test_importance_of_every_kind_equals_a_finite_difference_of_the_loss(kw, kin
     assert pruning.keys() == modules.keys()
     for key, v in pruning.items():
         np.testing.assert_allclose(v, got[(*key, removal)])
+
+
+def test_pruning_by_importance_takes_the_least_important_unmasked_heads_first():
+    """One step of Michel et al.'s pruning (heads-lab prune method=importance, and of hf:
+    models): the n lowest scores across sites and layers, heads already masked passed over."""
+    scores = {("enc-self", 0): np.array([0.5, 0.1, 0.9]), ("enc-self", 1): np.array([0.3, 0.05]),
+              ("dec-enc", 0): np.array([0.2, 0.7])}
+    assert least_important(scores, {}, 3) == [("enc-self", 1, 1), ("enc-self", 0, 1),
+                                               ("dec-enc", 0, 0)]
+    masked = {("enc-self", 1): [1], ("enc-self", 0): [1]}
+    assert least_important(scores, masked, 2) == [("dec-enc", 0, 0), ("enc-self", 1, 0)]
+    assert least_important(scores, masked, 99)[-1] == ("enc-self", 0, 2)  # all that are left
+    assert len(least_important(scores, masked, 99)) == 5
+    tie = {("enc-self", 1): np.array([0.0]), ("dec-enc", 2): np.array([0.0, 0.0])}
+    assert least_important(tie, {}, 3) == [("dec-enc", 2, 0), ("dec-enc", 2, 1), ("enc-self", 1, 0)]
 
 
 def test_hard_concrete_samples_stay_in_unit_interval_and_l0_matches_its_closed_form():
