@@ -14,12 +14,25 @@ on fewer seeds than the most is labelled once, below its lowest point: n = k, or
 where its rows differ (a difference rests on the fewer seeds of its two rows). Colour is h, marker
 and line style the corpus: the corpora differ in domain, so their lines are kept apart, never
 joined.
+
+A study whose report could not be rebuilt with its later seeds (their runs reported on their own)
+takes them with --add LABEL=RUNS_CSV[:h=H,...]: the runs.csv of another report, each run folded
+into LABEL's row of the same h and training pairs (its mean and std recomputed from the row's
+mean, std and runs, so to the report's two decimals), or a row of its own; `:h=32` takes only
+that h's runs, e.g. where the other report's h = 8 run is a seed the row already has:
+
+    python scripts/data_size_figure.py --out results/heads_by_data_tatoeba/bleu_by_data.png \
+        'Multi30k (image captions)=results/heads_by_data_gpu/report.csv:29000' \
+        'Tatoeba (everyday sentences)=results/heads_by_data_tatoeba/report.csv' \
+        --add 'Tatoeba (everyday sentences)=results/heads_by_data_tatoeba/30pct_seed_3/runs.csv' \
+        --add 'Tatoeba (everyday sentences)=results/heads_by_data_tatoeba/30pct_seed_2/runs.csv:h=32'
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +80,62 @@ def read(label: str, path: Path, full_pairs: int | None) -> list[Point]:
         bleu, std = _mean_std(row["test BLEU"])
         points.append(Point(label, int(row["h"]), pairs, bleu, std, int(row["runs"])))
     return points
+
+
+def read_runs(path: Path, heads: set[int] | None) -> list[tuple[int, int, int, float]]:
+    """A report's runs.csv as (h, training pairs, seed, test BLEU), one a run; `heads`: only
+    those h."""
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    need = {"setting", "seed", "test BLEU", "train pairs"}
+    if not rows or not need <= set(rows[0]):
+        raise SystemExit(f"error: {path} is not a heads-lab runs.csv with "
+                         f"{', '.join(sorted(need))} columns")
+    runs = []
+    for row in rows:
+        found = re.search(r"(?:^|,)h=(\d+)", row["setting"])
+        if not found:
+            raise SystemExit(f"error: {path}: setting {row['setting']!r} names no h")
+        h = int(found.group(1))
+        if heads is None or h in heads:
+            runs.append((h, int(_number(row["train pairs"])), int(row["seed"]),
+                         float(row["test BLEU"])))
+    if not runs:
+        raise SystemExit(f"error: {path} has no run of h = {sorted(heads or [])}")
+    return runs
+
+
+def fold(points: list[Point], corpus: str, runs: list[tuple[int, int, int, float]]) -> list[str]:
+    """Each run into `corpus`' point of its h and training pairs, in place (a point of its own
+    where there is none): n runs of mean m and sample std s plus the new values x give
+    mean = (n m + Σx) / N and std² = ((n − 1) s² + n m² + Σx² − N mean²) / (N − 1), N = n + k.
+    Returns a line per changed point."""
+    if not any(p.corpus == corpus for p in points):
+        raise SystemExit(f"error: --add names {corpus!r}, which no study is labelled; "
+                         f"use one of {sorted({p.corpus for p in points})}")
+    seen: set[tuple[int, int, int]] = set()
+    lines = []
+    for h, pairs in dict.fromkeys((h, pairs) for h, pairs, _, _ in runs):
+        mine = [(seed, bleu) for rh, rp, seed, bleu in runs if (rh, rp) == (h, pairs)]
+        for seed, _ in mine:
+            if (h, pairs, seed) in seen:
+                raise SystemExit(f"error: --add gives seed {seed} of h = {h} at {pairs:,} pairs "
+                                 f"twice; take it from one runs.csv only")
+            seen.add((h, pairs, seed))
+        point = next((p for p in points if (p.corpus, p.h, p.pairs) == (corpus, h, pairs)), None)
+        if point is None:
+            point = Point(corpus, h, pairs, 0.0, 0.0, 0)
+            points.append(point)
+        n, k = point.runs, len(mine)
+        total = n * point.bleu + sum(b for _, b in mine)
+        squares = (n - 1) * point.std ** 2 + n * point.bleu ** 2 + sum(b * b for _, b in mine)
+        mean = total / (n + k)
+        std = math.sqrt(max(0.0, squares - (n + k) * mean ** 2) / (n + k - 1)) if n + k > 1 else 0.0
+        seeds = ", ".join(str(s) for s, _ in mine)
+        lines.append(f"{corpus}, h = {h} at {pairs:,} pairs: {n} run{'' if n == 1 else 's'} "
+                     f"+ seed {seeds} → {mean:.2f} ± {std:.2f} over {n + k}")
+        point.bleu, point.std, point.runs = mean, std, n + k
+    return lines
 
 
 def differences(points: list[Point]) -> dict[tuple[str, int], list[tuple[int, float]]]:
@@ -191,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("studies", nargs="+", help="LABEL=CSV[:PAIRS]")
     parser.add_argument("--out", required=True, help="the PNG to write")
+    parser.add_argument("--add", action="append", default=[], metavar="LABEL=RUNS_CSV[:h=H,...]",
+                        help="fold another report's runs (runs.csv) into LABEL's rows")
     opts = parser.parse_args(argv)
     points = []
     for item in opts.studies:
@@ -201,6 +272,20 @@ def main(argv: list[str] | None = None) -> int:
         if not Path(path).is_file():
             raise SystemExit(f"error: no report {path}")
         points += read(label, Path(path), int(pairs) if pairs else None)
+    for item in opts.add:
+        label, sep, where = item.partition("=")
+        path, _, only = where.partition(":")
+        heads = None
+        if only:
+            if not re.fullmatch(r"h=\d+(,h=\d+)*", only):
+                raise SystemExit(f"error: {item!r}: expected LABEL=RUNS_CSV[:h=H,...], "
+                                 f"e.g. :h=32 or :h=1,h=32")
+            heads = {int(h) for h in re.findall(r"\d+", only)}
+        if not sep or not Path(path).is_file():
+            raise SystemExit(f"error: --add {item!r}: expected LABEL=RUNS_CSV[:h=H,...] "
+                             f"with an existing runs.csv")
+        for line in fold(points, label, read_runs(Path(path), heads)):
+            print(line)
     draw(points, Path(opts.out))
     for (corpus, h), series in differences(points).items():
         text = ", ".join(f"{x:,}: {y:+.2f}" for x, y in series)

@@ -144,3 +144,47 @@ def test_valid_curves_line_styles_go_by_the_first_text_a_label_holds():
     assert script.line_style("h = 8, seed 1", styles) == "dashdot"  # the catch-all, last
     assert script.line_style("h = 8", styles) == "solid"
     assert script.line_style("h = 8, seed 2", []) == "solid"
+
+
+def test_data_size_figure_folds_later_seeds_from_a_runs_csv(tmp_path, capsys):
+    """--add folds a runs.csv's runs into a report's rows: the pooled mean and sample std equal
+    statistics' over all the values; `:h=32` takes that h only; a seed given twice, an unknown
+    label and a malformed filter are refused in one line."""
+    import statistics
+
+    script = _script("data_size_figure")
+    two = [39.62, 41.04]  # the row's two seeds, and a third in the runs.csv
+    report = tmp_path / "report.csv"
+    report.write_text(
+        "setting,h,kv,d_k,enc+dec,params,runs,valid PPL,test BLEU,test chrF,p vs base,"
+        "train pairs\n"
+        f'"h=1",1,1,256,3+3,"7",2,4.6,{statistics.mean(two)!r} ± {statistics.stdev(two)!r},'
+        '56.5,0.004,"49,435"\n'
+        '"h=8 (base)",8,8,32,3+3,"7",1,4.7,39.43,55.3,-,"49,435"\n')
+    runs = tmp_path / "runs.csv"
+    runs.write_text("setting,seed,run,valid PPL,test BLEU,test chrF,train pairs\n"
+                    'h=1,3,x,4.56,39.2593,55.8,49435\n'
+                    'h=8,3,y,4.70,39.6711,56.1,49435\n'
+                    '"train_fraction=0.3,h=32",3,z,4.92,38.7951,55.2,49435\n')
+    out = tmp_path / "fig.png"
+    assert script.main(["--out", str(out), f"T={report}", "--add", f"T={runs}"]) == 0
+    printed = capsys.readouterr().out
+    assert "T, h = 1 at 49,435 pairs: 2 runs + seed 3 → 39.97 ± 0.94 over 3" in printed
+    assert "T, h = 32 at 49,435 pairs: 0 runs + seed 3 → 38.80 ± 0.00 over 1" in printed
+    points = script.read("T", report, None)
+    script.fold(points, "T", script.read_runs(runs, None))
+    h1 = next(p for p in points if p.h == 1)
+    assert h1.runs == 3
+    assert h1.bleu == pytest.approx(statistics.mean(two + [39.2593]), abs=1e-9)
+    assert h1.std == pytest.approx(statistics.stdev(two + [39.2593]), abs=1e-9)
+    h8 = next(p for p in points if p.h == 8)  # one run (std 0) plus one
+    assert h8.std == pytest.approx(statistics.stdev([39.43, 39.6711]), abs=1e-9)
+    assert script.read_runs(runs, {32}) == [(32, 49435, 3, 38.7951)]
+    with pytest.raises(SystemExit, match="seed 3 of h = 1 at 49,435 pairs twice"):
+        script.fold(points, "T", script.read_runs(runs, {1}) * 2)
+    with pytest.raises(SystemExit, match="which no study is labelled"):
+        script.main(["--out", str(out), f"T={report}", "--add", f"U={runs}"])
+    with pytest.raises(SystemExit, match="expected LABEL=RUNS_CSV"):
+        script.main(["--out", str(out), f"T={report}", "--add", f"T={runs}:32"])
+    with pytest.raises(SystemExit, match="no run of h = \\[16\\]"):
+        script.main(["--out", str(out), f"T={report}", "--add", f"T={runs}:h=16"])
