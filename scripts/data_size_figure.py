@@ -98,8 +98,13 @@ def read_runs(path: Path, heads: set[int] | None) -> list[tuple[int, int, int, f
             raise SystemExit(f"error: {path}: setting {row['setting']!r} names no h")
         h = int(found.group(1))
         if heads is None or h in heads:
-            runs.append((h, int(_number(row["train pairs"])), int(row["seed"]),
-                         float(row["test BLEU"])))
+            try:
+                runs.append((h, int(_number(row["train pairs"])), int(row["seed"]),
+                             float(row["test BLEU"])))
+            except ValueError:
+                raise SystemExit(f"error: {path}: the run {row['setting']!r} has a seed, test BLEU "
+                                 f"or train pairs that is not a number; give a heads-lab "
+                                 f"runs.csv as written") from None
     if not runs:
         raise SystemExit(f"error: {path} has no run of h = {sorted(heads or [])}")
     return runs

@@ -186,5 +186,9 @@ def test_data_size_figure_folds_later_seeds_from_a_runs_csv(tmp_path, capsys):
         script.main(["--out", str(out), f"T={report}", "--add", f"U={runs}"])
     with pytest.raises(SystemExit, match="expected LABEL=RUNS_CSV"):
         script.main(["--out", str(out), f"T={report}", "--add", f"T={runs}:32"])
+    bad = tmp_path / "bad.csv"
+    bad.write_text("setting,seed,test BLEU,train pairs\nh=1,x,39.2,49435\n")
+    with pytest.raises(SystemExit, match="not a number"):
+        script.read_runs(bad, None)
     with pytest.raises(SystemExit, match="no run of h = \\[16\\]"):
         script.main(["--out", str(out), f"T={report}", "--add", f"T={runs}:h=16"])
