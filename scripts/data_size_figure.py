@@ -110,23 +110,25 @@ def read_runs(path: Path, heads: set[int] | None) -> list[tuple[int, int, int, f
     return runs
 
 
-def fold(points: list[Point], corpus: str, runs: list[tuple[int, int, int, float]]) -> list[str]:
+def fold(points: list[Point], corpus: str, runs: list[tuple[int, int, int, float]],
+         seen: set[tuple[str, int, int, int]] | None = None) -> list[str]:
     """Each run into `corpus`' point of its h and training pairs, in place (a point of its own
     where there is none): n runs of mean m and sample std s plus the new values x give
     mean = (n m + Σx) / N and std² = ((n − 1) s² + n m² + Σx² − N mean²) / (N − 1), N = n + k.
-    Returns a line per changed point."""
+    `seen`: the (corpus, h, pairs, seed) folded so far, shared by the calls of one figure, so a
+    run given by two runs.csv is refused. Returns a line per changed point."""
     if not any(p.corpus == corpus for p in points):
         raise SystemExit(f"error: --add names {corpus!r}, which no study is labelled; "
                          f"use one of {sorted({p.corpus for p in points})}")
-    seen: set[tuple[int, int, int]] = set()
+    seen = set() if seen is None else seen
     lines = []
     for h, pairs in dict.fromkeys((h, pairs) for h, pairs, _, _ in runs):
         mine = [(seed, bleu) for rh, rp, seed, bleu in runs if (rh, rp) == (h, pairs)]
         for seed, _ in mine:
-            if (h, pairs, seed) in seen:
+            if (corpus, h, pairs, seed) in seen:
                 raise SystemExit(f"error: --add gives seed {seed} of h = {h} at {pairs:,} pairs "
                                  f"twice; take it from one runs.csv only")
-            seen.add((h, pairs, seed))
+            seen.add((corpus, h, pairs, seed))
         point = next((p for p in points if (p.corpus, p.h, p.pairs) == (corpus, h, pairs)), None)
         if point is None:
             point = Point(corpus, h, pairs, 0.0, 0.0, 0)
@@ -277,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         if not Path(path).is_file():
             raise SystemExit(f"error: no report {path}")
         points += read(label, Path(path), int(pairs) if pairs else None)
+    folded: set[tuple[str, int, int, int]] = set()
     for item in opts.add:
         label, sep, where = item.partition("=")
         path, _, only = where.partition(":")
@@ -289,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         if not sep or not Path(path).is_file():
             raise SystemExit(f"error: --add {item!r}: expected LABEL=RUNS_CSV[:h=H,...] "
                              f"with an existing runs.csv")
-        for line in fold(points, label, read_runs(Path(path), heads)):
+        for line in fold(points, label, read_runs(Path(path), heads), folded):
             print(line)
     draw(points, Path(opts.out))
     for (corpus, h), series in differences(points).items():

@@ -182,6 +182,9 @@ def test_data_size_figure_folds_later_seeds_from_a_runs_csv(tmp_path, capsys):
     assert script.read_runs(runs, {32}) == [(32, 49435, 3, 38.7951)]
     with pytest.raises(SystemExit, match="seed 3 of h = 1 at 49,435 pairs twice"):
         script.fold(points, "T", script.read_runs(runs, {1}) * 2)
+    with pytest.raises(SystemExit, match="seed 3 of h = 8 at 49,435 pairs twice"):  # two --add
+        script.main(["--out", str(out), f"T={report}", "--add", f"T={runs}:h=8",
+                     "--add", f"T={runs}"])
     with pytest.raises(SystemExit, match="which no study is labelled"):
         script.main(["--out", str(out), f"T={report}", "--add", f"U={runs}"])
     with pytest.raises(SystemExit, match="expected LABEL=RUNS_CSV"):
