@@ -19,7 +19,8 @@ A study whose report could not be rebuilt with its later seeds (their runs repor
 takes them with --add LABEL=RUNS_CSV[:h=H,...]: the runs.csv of another report, each run folded
 into LABEL's row of the same h and training pairs (its mean and std recomputed from the row's
 mean, std and runs, so to the report's two decimals), or a row of its own; `:h=32` takes only
-that h's runs, e.g. where the other report's h = 8 run is a seed the row already has:
+that h's runs, e.g. where the other report's h = 8 run is a seed the row already has (a
+report.csv does not name its seeds, so only the filter keeps a seed from being counted twice):
 
     python scripts/data_size_figure.py --out results/heads_by_data_tatoeba/bleu_by_data.png \
         'Multi30k (image captions)=results/heads_by_data_gpu/report.csv:29000' \
@@ -85,8 +86,12 @@ def read(label: str, path: Path, full_pairs: int | None) -> list[Point]:
 def read_runs(path: Path, heads: set[int] | None) -> list[tuple[int, int, int, float]]:
     """A report's runs.csv as (h, training pairs, seed, test BLEU), one a run; `heads`: only
     those h."""
-    with open(path, newline="", encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+    except UnicodeDecodeError:
+        raise SystemExit(f"error: {path} is not a UTF-8 runs.csv; give a heads-lab runs.csv "
+                         f"as written") from None
     need = {"setting", "seed", "test BLEU", "train pairs"}
     if not rows or not need <= set(rows[0]):
         raise SystemExit(f"error: {path} is not a heads-lab runs.csv with "
@@ -99,9 +104,11 @@ def read_runs(path: Path, heads: set[int] | None) -> list[tuple[int, int, int, f
         h = int(found.group(1))
         if heads is None or h in heads:
             try:
-                runs.append((h, int(_number(row["train pairs"])), int(row["seed"]),
-                             float(row["test BLEU"])))
-            except ValueError:
+                bleu = float(row["test BLEU"])
+                if not math.isfinite(bleu):
+                    raise ValueError(bleu)
+                runs.append((h, int(_number(row["train pairs"])), int(row["seed"]), bleu))
+            except (ValueError, TypeError, AttributeError):  # a cell not a number, or missing
                 raise SystemExit(f"error: {path}: the run {row['setting']!r} has a seed, test BLEU "
                                  f"or train pairs that is not a number; give a heads-lab "
                                  f"runs.csv as written") from None

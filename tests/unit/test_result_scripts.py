@@ -190,8 +190,18 @@ def test_data_size_figure_folds_later_seeds_from_a_runs_csv(tmp_path, capsys):
     with pytest.raises(SystemExit, match="expected LABEL=RUNS_CSV"):
         script.main(["--out", str(out), f"T={report}", "--add", f"T={runs}:32"])
     bad = tmp_path / "bad.csv"
-    bad.write_text("setting,seed,test BLEU,train pairs\nh=1,x,39.2,49435\n")
-    with pytest.raises(SystemExit, match="not a number"):
+    for row in ("h=1,x,39.2,49435", "h=1,3,nan,49435", "h=1,3,39.2"):  # short row: no pairs
+        bad.write_text(f"setting,seed,test BLEU,train pairs\n{row}\n")
+        with pytest.raises(SystemExit, match="not a number"):
+            script.read_runs(bad, None)
+    bad.write_bytes(b"setting,seed,test BLEU,train pairs\nh=1,3,\xff,49435\n")
+    with pytest.raises(SystemExit, match="not a UTF-8 runs.csv"):
         script.read_runs(bad, None)
+    # two new runs into one row: N = n + k, not n + 1
+    more = [script.Point("T", 1, 9, statistics.mean(two), statistics.stdev(two), 2)]
+    script.fold(more, "T", [(1, 9, 3, 39.2), (1, 9, 4, 40.0)])
+    assert more[0].runs == 4
+    assert more[0].bleu == pytest.approx(statistics.mean(two + [39.2, 40.0]), abs=1e-9)
+    assert more[0].std == pytest.approx(statistics.stdev(two + [39.2, 40.0]), abs=1e-9)
     with pytest.raises(SystemExit, match="no run of h = \\[16\\]"):
         script.main(["--out", str(out), f"T={report}", "--add", f"T={runs}:h=16"])
