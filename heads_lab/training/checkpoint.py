@@ -191,16 +191,25 @@ class Checkpoints:
             return None
         state, path = found
         _check_same_run(state.get("config", {}), self.config, path)
+        if self._precision():
+            _check_same_precision(state, self.config, str(self.cfg.precision), path)
         log.info("resuming from %s (step %d)", path, state["progress"]["step"])
         self.last_path = path
         return state
+
+    def _precision(self) -> dict[str, str]:
+        """{"precision": what the run computes in}, once `heads-lab train` has resolved `auto`
+        (the loop alone, called with `auto`, records and checks nothing)."""
+        return {} if self.cfg.precision == "auto" else {"precision": str(self.cfg.precision)}
 
     def save(self, state: dict[str, Any], step: int, best: bool) -> Path | None:
         if not self.is_writer:
             return None
         path = step_path(self.run_dir, step)
         try:
-            save(path, {**state, "config": self.config})
+            # the precision it computes in: with trainer.precision=auto the config alone does not
+            # say (bf16 where native), and a resumption on another machine must not switch it
+            save(path, {**state, "config": self.config, **self._precision()})
         except OSError as err:
             previous = f"the previous one ({self.last_path.name}) is intact" if self.last_path else \
                 "no earlier checkpoint exists"
@@ -226,7 +235,7 @@ def _check_same_run(saved: dict[str, Any], current: dict[str, Any], path: Path) 
     old, new = flatten(saved), flatten(current)
     before = written_before(old)
     for key in sorted(set(old) | set(new)):
-        if is_among(key, RESUMABLE_CHANGES):
+        if is_among(key, RESUMABLE_CHANGES) or key == "trainer.precision":  # _check_same_precision
             continue
         if key in before and new.get(key) != before[key]:
             raise CheckpointError(
@@ -240,3 +249,34 @@ def _check_same_run(saved: dict[str, Any], current: dict[str, Any], path: Path) 
             raise CheckpointError(
                 f"{path} was written by a run with {key}={old.get(key)!r}, not {new.get(key)!r}; "
                 "resume with the same settings, or use another run dir (or trainer.resume=never)")
+
+
+def _check_same_precision(state: dict[str, Any], current: dict[str, Any], computes: str,
+                          path: Path) -> None:
+    """A run resumes only in the precision it trained in. trainer.precision=auto is bf16 where
+    bf16 is native and fp32 elsewhere, so the same setting computes differently on another
+    machine (a GPU's or an AMX Xeon's checkpoint resumed on an AVX2 CPU, or the other way round):
+    compare what the checkpoint trained in (recorded in it; an explicit fp32 or bf16 setting
+    says it too) with what this run computes in. `auto` and the precision it resolved to resume
+    each other. A checkpoint written with `auto` before checkpoints recorded their precision
+    resumes with a warning naming the precision it continues in."""
+    setting = _precision_setting(state.get("config", {}))
+    trained = state.get("precision") or (setting if setting not in (None, "auto") else None)
+    if trained is None:
+        if setting == "auto":
+            log.warning("%s does not record the precision it trained in (trainer.precision=auto, "
+                        "saved before checkpoints recorded it); it resumes in %s, what this run "
+                        "computes in: if it trained in another, resume with trainer.precision="
+                        "<that one>", path.name, computes)
+        return
+    if trained != computes:
+        here = " (auto on this machine)" if _precision_setting(current) == "auto" else ""
+        raise CheckpointError(
+            f"{path} trained in {trained} (trainer.precision={setting}), but this run computes in "
+            f"{computes}{here}; resume it with trainer.precision={trained} where {trained} is "
+            "native, or use another run dir (or trainer.resume=never)")
+
+
+def _precision_setting(config: dict[str, Any]) -> str | None:
+    value = (config.get("trainer") or {}).get("precision")
+    return None if value is None else str(value)

@@ -316,6 +316,68 @@ def test_a_square_talking_heads_run_from_before_mix_init_resumes_under_the_defau
     assert result.resumed_from == 4
 
 
+def _auto(precision: str | None = "auto") -> dict:
+    return {**CONFIG, "trainer": {**CONFIG["trainer"], "precision": precision}}
+
+
+def _saved_in(tmp_path, computes: str, config: dict, record: bool = True):
+    """A checkpoint of a run with `config` that computed in `computes` (as `heads-lab train`
+    resolves trainer.precision=auto on its machine); record=False: one from before checkpoints
+    recorded their precision."""
+    state = {"progress": {"step": 4}, "w": torch.zeros(2)}
+    if record:
+        Checkpoints(tmp_path, _cfg(precision=computes), config).save(state, 4, best=False)
+    else:
+        checkpoint.save(checkpoint.step_path(tmp_path, 4), {**state, "config": config})
+
+
+def test_a_run_records_the_precision_it_computes_in_and_resumes_only_in_it(tmp_path):
+    """trainer.precision=auto is bf16 where bf16 is native (a GPU, an AMX Xeon) and fp32
+    elsewhere: a checkpoint of an `auto` run trained in bf16 must not resume in fp32 on another
+    machine (the run would silently change precision mid-trajectory), nor the other way round."""
+    _train(tmp_path / "loop", _cfg(max_steps=4))
+    assert checkpoint.latest(tmp_path / "loop")[0]["precision"] == "fp32"  # the loop's saves
+
+    _saved_in(tmp_path / "gpu", "bf16", _auto())
+    with pytest.raises(CheckpointError, match=r"step_0000004.pt trained in bf16 \(trainer.precision"
+                       r"=auto\), but this run computes in fp32 \(auto on this machine\); resume "
+                       "it with trainer.precision=bf16 where bf16 is native"):
+        Checkpoints(tmp_path / "gpu", _cfg(precision="fp32"), _auto()).resume_state()
+    _saved_in(tmp_path / "cpu", "fp32", _auto())
+    with pytest.raises(CheckpointError, match=r"trained in fp32 \(trainer.precision=auto\), but "
+                       r"this run computes in bf16 \(auto on this machine\)"):
+        Checkpoints(tmp_path / "cpu", _cfg(precision="bf16"), _auto()).resume_state()
+    # auto and the precision it resolved to resume each other, both ways
+    assert Checkpoints(tmp_path / "cpu", _cfg(precision="fp32"), _auto()).resume_state()
+    assert Checkpoints(tmp_path / "cpu", _cfg(precision="fp32"), _auto("fp32")).resume_state()
+    _saved_in(tmp_path / "fp32", "fp32", _auto("fp32"))
+    assert Checkpoints(tmp_path / "fp32", _cfg(precision="fp32"), _auto()).resume_state()
+    # an explicit setting other than the one trained in is refused, as before
+    with pytest.raises(CheckpointError, match=r"trained in fp32 \(trainer.precision=fp32\), but "
+                       "this run computes in bf16; resume it with trainer.precision=fp32"):
+        Checkpoints(tmp_path / "fp32", _cfg(precision="bf16"), _auto("bf16")).resume_state()
+
+
+def test_an_auto_checkpoint_from_before_precision_was_recorded_resumes_with_a_warning(
+        tmp_path, caplog):
+    _saved_in(tmp_path / "auto", "fp32", _auto(), record=False)
+    with caplog.at_level(logging.WARNING, logger="heads_lab.training.checkpoint"):
+        assert Checkpoints(tmp_path / "auto", _cfg(precision="bf16"), _auto()).resume_state()
+    assert ("step_0000004.pt does not record the precision it trained in (trainer.precision=auto"
+            in caplog.text and "it resumes in bf16, what this run computes in" in caplog.text)
+    # one with an explicit setting says what it trained in: no warning, and a change is refused
+    _saved_in(tmp_path / "bf16", "bf16", _auto("bf16"), record=False)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="heads_lab.training.checkpoint"):
+        assert Checkpoints(tmp_path / "bf16", _cfg(precision="bf16"), _auto()).resume_state()
+    assert "precision" not in caplog.text
+    with pytest.raises(CheckpointError, match=r"trained in bf16 \(trainer.precision=bf16\)"):
+        Checkpoints(tmp_path / "bf16", _cfg(precision="fp32"), _auto()).resume_state()
+    # an older checkpoint's config without the setting at all (the loop alone) checks nothing
+    _saved_in(tmp_path / "none", "fp32", CONFIG, record=False)
+    assert Checkpoints(tmp_path / "none", _cfg(precision="bf16"), CONFIG).resume_state()
+
+
 def test_checkpoint_averaging_is_the_float64_mean_cast_back():
     """`heads-lab eval eval.average_last=N`: each float tensor the mean of the N checkpoints'
     (summed in float64, then in its own dtype, bf16 included); integer buffers from the first."""
