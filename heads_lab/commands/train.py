@@ -30,7 +30,7 @@ from heads_lab.output.files import write_json, write_lines
 from heads_lab.output.tracking import Tracker, console, environment, short_name, summary_table
 from heads_lab.training import checkpoint
 from heads_lab.training import parallel as data_parallel
-from heads_lab.training.checkpoint import Checkpoints
+from heads_lab.training.checkpoint import Checkpoints, auto_precision
 from heads_lab.training.device import (
     PeakMemory,
     autocast,
@@ -126,7 +126,8 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
 def _start(run: RunConfig, run_dir: Path):
     """Before any work: refuse a finished run dir, clear a failed attempt's record, set threads
     and seeds; the data-parallel ranks (None alone), the device and the precision it computes in
-    (trainer.precision=auto resolved, and written back into the config)."""
+    (trainer.precision=auto resolved: bf16 where native, else fp32, or what the run it resumes
+    trained in; written back into the config)."""
     if (run_dir / "results.json").is_file():
         raise finished_run(run_dir)
     ensure_writable(run_dir, "the run dir")
@@ -138,6 +139,9 @@ def _start(run: RunConfig, run_dir: Path):
     ranks = data_parallel.from_env(run.trainer.dist_timeout_s)
     device = resolve_device(run.trainer.device)
     precision = resolve_precision(device, run.trainer.precision)  # auto: what this machine has
+    if run.trainer.precision == "auto" and run.trainer.save_checkpoint and \
+            run.trainer.resume == "auto":  # ... or what the run to resume trained in
+        precision = auto_precision(run_dir, precision)
     check_precision(device, precision)
     run.trainer.precision = type(run.trainer.precision)(precision)
     if ranks is not None and device.type == "cuda":

@@ -191,16 +191,15 @@ class Checkpoints:
             return None
         state, path = found
         _check_same_run(state.get("config", {}), self.config, path)
-        if self._precision():
-            _check_same_precision(state, self.config, str(self.cfg.precision), path)
+        _check_same_precision(state, self.config, self._precision()["precision"], path)
         log.info("resuming from %s (step %d)", path, state["progress"]["step"])
         self.last_path = path
         return state
 
     def _precision(self) -> dict[str, str]:
-        """{"precision": what the run computes in}, once `heads-lab train` has resolved `auto`
-        (the loop alone, called with `auto`, records and checks nothing)."""
-        return {} if self.cfg.precision == "auto" else {"precision": str(self.cfg.precision)}
+        """{"precision": what the run computes in}: `heads-lab train` resolves `auto` before
+        training; the loop alone, given `auto`, computes in fp32 (bf16 autocast only for bf16)."""
+        return {"precision": "bf16" if self.cfg.precision == "bf16" else "fp32"}
 
     def save(self, state: dict[str, Any], step: int, best: bool) -> Path | None:
         if not self.is_writer:
@@ -251,30 +250,58 @@ def _check_same_run(saved: dict[str, Any], current: dict[str, Any], path: Path) 
                 "resume with the same settings, or use another run dir (or trainer.resume=never)")
 
 
+def trained_in(state: dict[str, Any]) -> str | None:
+    """The precision a checkpoint's run trained in: recorded in it, else its explicit
+    trainer.precision; None for an `auto` run saved before checkpoints recorded it."""
+    setting = _precision_setting(state.get("config", {}))
+    return state.get("precision") or (setting if setting not in (None, "auto") else None)
+
+
+def auto_precision(run_dir: Path, native: str) -> str:
+    """trainer.precision=auto for a run that may resume from `run_dir`: `native` (bf16 where
+    bf16 is native, else fp32) for a new run, and the precision its newest checkpoint trained in
+    for a resumed one, so that a run never changes precision midway: fp32 runs anywhere (an
+    AVX2 CPU's run resumed on a GPU continues in fp32), bf16 only where it is native (a GPU's
+    run cannot resume on an AVX2 CPU: one line saying where it can). An `auto` checkpoint saved
+    before checkpoints recorded their precision resumes in `native` (with a warning, on resume)."""
+    found = latest(run_dir)
+    trained = trained_in(found[0]) if found else None
+    if trained is None or trained == native:
+        return native
+    path = found[1]
+    if trained == "fp32":
+        log.info("trainer.precision=auto: %s trained in fp32, so the run resumes in fp32 (bf16 "
+                 "is native here)", path.name)
+        return "fp32"
+    raise CheckpointError(
+        f"{path} trained in bf16 (trainer.precision=auto), and bf16 is not native here; resume it "
+        "where it is (a GPU, a CPU with AVX512-BF16 or AMX), or use another run dir (or "
+        "trainer.resume=never)")
+
+
 def _check_same_precision(state: dict[str, Any], current: dict[str, Any], computes: str,
                           path: Path) -> None:
-    """A run resumes only in the precision it trained in. trainer.precision=auto is bf16 where
-    bf16 is native and fp32 elsewhere, so the same setting computes differently on another
-    machine (a GPU's or an AMX Xeon's checkpoint resumed on an AVX2 CPU, or the other way round):
-    compare what the checkpoint trained in (recorded in it; an explicit fp32 or bf16 setting
-    says it too) with what this run computes in. `auto` and the precision it resolved to resume
-    each other. A checkpoint written with `auto` before checkpoints recorded their precision
-    resumes with a warning naming the precision it continues in."""
+    """A run resumes only in the precision it trained in: compare what the checkpoint trained
+    in (recorded in it; an explicit fp32 or bf16 setting says it too) with what this run
+    computes in (trainer.precision=auto resolves to the checkpoint's precision where it can:
+    `auto_precision`). `auto` and the precision it resolved to resume each other. A checkpoint
+    written with `auto` before checkpoints recorded their precision resumes under `auto` with a
+    warning naming the precision it continues in."""
     setting = _precision_setting(state.get("config", {}))
-    trained = state.get("precision") or (setting if setting not in (None, "auto") else None)
+    trained = trained_in(state)
     if trained is None:
-        if setting == "auto":
+        if setting == "auto" and _precision_setting(current) in (None, "auto"):
             log.warning("%s does not record the precision it trained in (trainer.precision=auto, "
-                        "saved before checkpoints recorded it); it resumes in %s, what this run "
-                        "computes in: if it trained in another, resume with trainer.precision="
-                        "<that one>", path.name, computes)
+                        "saved before checkpoints recorded it); it resumes in %s, what auto is "
+                        "here: if it trained in another, resume with trainer.precision=<that one>",
+                        path.name, computes)
         return
     if trained != computes:
-        here = " (auto on this machine)" if _precision_setting(current) == "auto" else ""
+        where = " where bf16 is native" if trained == "bf16" else ""
         raise CheckpointError(
-            f"{path} trained in {trained} (trainer.precision={setting}), but this run computes in "
-            f"{computes}{here}; resume it with trainer.precision={trained} where {trained} is "
-            "native, or use another run dir (or trainer.resume=never)")
+            f"{path} trained in {trained} (trainer.precision={setting or trained}), but this run "
+            f"computes in {computes}; resume it with trainer.precision={trained} (or auto){where}, "
+            "or use another run dir (or trainer.resume=never)")
 
 
 def _precision_setting(config: dict[str, Any]) -> str | None:

@@ -487,6 +487,37 @@ def test_a_preset_runs_on_any_cpu_without_naming_the_precision(tmp_path):
 
 
 
+def test_auto_precision_resumes_in_what_the_checkpoint_trained_in(tmp_path):
+    """A preset's trainer.precision=auto records the precision it computed in, in results.json
+    and in each checkpoint; resumed, `auto` follows the checkpoint, not this machine: a run
+    relabelled as trained in the other precision resumes in fp32 where bf16 is native, and is
+    refused in one line, before any work, where bf16 is not (this CPU decides which is tested)."""
+    from heads_lab.training import checkpoint
+    from heads_lab.training.device import native_bf16
+
+    run_dir = tmp_path / "run"
+    args = ["train", "+experiment=table_a", *TINY, "data=synthetic", "seed=1",
+            f"hydra.run.dir={run_dir}"]
+    proc = heads_lab(*args, "trainer.max_steps=2", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    results = json.loads((run_dir / "results.json").read_text())
+    state, path = checkpoint.latest(run_dir)
+    assert state["precision"] == results["precision"] == ("bf16" if native_bf16() else "fp32")
+    other = "fp32" if native_bf16() else "bf16"
+    checkpoint.save(path, {**state, "precision": other})
+    (run_dir / "results.json").unlink()
+    proc = heads_lab(*args, "trainer.max_steps=3", cwd=tmp_path)
+    if native_bf16():
+        assert proc.returncode == 0, proc.stderr + proc.stdout
+        assert json.loads((run_dir / "results.json").read_text())["precision"] == "fp32"
+        assert "trained in fp32, so the run resumes in fp32" in proc.stderr + proc.stdout
+    else:
+        _assert_one_line_error(proc, f"{path.name} trained in bf16 (trainer.precision=auto), and "
+                               "bf16 is not native here; resume it where it is")
+        assert "data synthetic" not in proc.stderr + proc.stdout  # before the data is read
+        assert not (run_dir / "results.json").exists()
+
+
 def test_an_explicit_bf16_sweep_stops_once_before_its_first_job_without_native_bf16(monkeypatch):
     import heads_lab.training.device as device
     from heads_lab.commands.sweeps import check_sweep

@@ -333,19 +333,24 @@ def _saved_in(tmp_path, computes: str, config: dict, record: bool = True):
 
 def test_a_run_records_the_precision_it_computes_in_and_resumes_only_in_it(tmp_path):
     """trainer.precision=auto is bf16 where bf16 is native (a GPU, an AMX Xeon) and fp32
-    elsewhere: a checkpoint of an `auto` run trained in bf16 must not resume in fp32 on another
-    machine (the run would silently change precision mid-trajectory), nor the other way round."""
+    elsewhere: a checkpoint records what its run computed in, and a run never resumes in
+    another precision (it would silently change precision mid-trajectory)."""
     _train(tmp_path / "loop", _cfg(max_steps=4))
     assert checkpoint.latest(tmp_path / "loop")[0]["precision"] == "fp32"  # the loop's saves
+    # the loop given an unresolved `auto` computes in fp32, and says so
+    Checkpoints(tmp_path / "unresolved", _cfg(precision="auto"), _auto()).save(
+        {"progress": {"step": 4}}, 4, best=False)
+    assert checkpoint.latest(tmp_path / "unresolved")[0]["precision"] == "fp32"
 
     _saved_in(tmp_path / "gpu", "bf16", _auto())
     with pytest.raises(CheckpointError, match=r"step_0000004.pt trained in bf16 \(trainer.precision"
-                       r"=auto\), but this run computes in fp32 \(auto on this machine\); resume "
-                       "it with trainer.precision=bf16 where bf16 is native"):
+                       r"=auto\), but this run computes in fp32; resume it with trainer.precision="
+                       r"bf16 \(or auto\) where bf16 is native, or use another run dir"):
         Checkpoints(tmp_path / "gpu", _cfg(precision="fp32"), _auto()).resume_state()
     _saved_in(tmp_path / "cpu", "fp32", _auto())
     with pytest.raises(CheckpointError, match=r"trained in fp32 \(trainer.precision=auto\), but "
-                       r"this run computes in bf16 \(auto on this machine\)"):
+                       r"this run computes in bf16; resume it with trainer.precision=fp32 \(or "
+                       r"auto\), or use"):
         Checkpoints(tmp_path / "cpu", _cfg(precision="bf16"), _auto()).resume_state()
     # auto and the precision it resolved to resume each other, both ways
     assert Checkpoints(tmp_path / "cpu", _cfg(precision="fp32"), _auto()).resume_state()
@@ -358,16 +363,43 @@ def test_a_run_records_the_precision_it_computes_in_and_resumes_only_in_it(tmp_p
         Checkpoints(tmp_path / "fp32", _cfg(precision="bf16"), _auto("bf16")).resume_state()
 
 
+def test_auto_resolves_to_the_precision_of_the_run_it_resumes(tmp_path, caplog):
+    """`heads-lab train` resolves trainer.precision=auto before training (auto_precision): a
+    new run computes in what is native; a resumed one in what its checkpoint trained in: fp32
+    anywhere, bf16 only where bf16 is native (elsewhere one line saying where it can)."""
+    assert checkpoint.auto_precision(tmp_path / "new", "bf16") == "bf16"
+    assert checkpoint.auto_precision(tmp_path / "new", "fp32") == "fp32"
+    _saved_in(tmp_path / "cpu", "fp32", _auto())
+    with caplog.at_level(logging.INFO, logger="heads_lab.training.checkpoint"):
+        assert checkpoint.auto_precision(tmp_path / "cpu", "bf16") == "fp32"  # e.g. on a GPU
+    assert "step_0000004.pt trained in fp32, so the run resumes in fp32" in caplog.text
+    assert checkpoint.auto_precision(tmp_path / "cpu", "fp32") == "fp32"
+    _saved_in(tmp_path / "gpu", "bf16", _auto())
+    assert checkpoint.auto_precision(tmp_path / "gpu", "bf16") == "bf16"
+    with pytest.raises(CheckpointError, match=r"step_0000004.pt trained in bf16 \(trainer.precision"
+                       r"=auto\), and bf16 is not native here; resume it where it is \(a GPU, a "
+                       r"CPU with AVX512-BF16 or AMX\)"):
+        checkpoint.auto_precision(tmp_path / "gpu", "fp32")
+    _saved_in(tmp_path / "explicit", "bf16", _auto("bf16"), record=False)  # the setting says it
+    with pytest.raises(CheckpointError, match="trained in bf16"):
+        checkpoint.auto_precision(tmp_path / "explicit", "fp32")
+    _saved_in(tmp_path / "old", "bf16", _auto(), record=False)  # unknown: what is native
+    assert checkpoint.auto_precision(tmp_path / "old", "fp32") == "fp32"
+
+
 def test_an_auto_checkpoint_from_before_precision_was_recorded_resumes_with_a_warning(
         tmp_path, caplog):
     _saved_in(tmp_path / "auto", "fp32", _auto(), record=False)
     with caplog.at_level(logging.WARNING, logger="heads_lab.training.checkpoint"):
         assert Checkpoints(tmp_path / "auto", _cfg(precision="bf16"), _auto()).resume_state()
     assert ("step_0000004.pt does not record the precision it trained in (trainer.precision=auto"
-            in caplog.text and "it resumes in bf16, what this run computes in" in caplog.text)
+            in caplog.text and "it resumes in bf16, what auto is here" in caplog.text)
+    caplog.clear()  # named explicitly, as the warning says: no warning
+    with caplog.at_level(logging.WARNING, logger="heads_lab.training.checkpoint"):
+        assert Checkpoints(tmp_path / "auto", _cfg(precision="fp32"), _auto("fp32")).resume_state()
+    assert "precision" not in caplog.text
     # one with an explicit setting says what it trained in: no warning, and a change is refused
     _saved_in(tmp_path / "bf16", "bf16", _auto("bf16"), record=False)
-    caplog.clear()
     with caplog.at_level(logging.WARNING, logger="heads_lab.training.checkpoint"):
         assert Checkpoints(tmp_path / "bf16", _cfg(precision="bf16"), _auto()).resume_state()
     assert "precision" not in caplog.text
