@@ -37,6 +37,7 @@ def main(args: list[str]) -> int:
         "sacrebleu": {k: scores[k] for k in ("bleu_signature", "chrf_signature", "bleu_detail")},
         "decoding": {"split": name, "beam": run.eval.beam, "lenpen": run.eval.lenpen,
                      "sentences": len(split)},
+        "precision": str(run.trainer.precision),  # computed in (auto: the run's own, where it can)
         "seconds": time.perf_counter() - started, "config": t.config,
     }
     write_json(out_dir / "eval.json", result)

@@ -4,6 +4,7 @@ newest valid one, or the last N averaged) with its corpus, and a dated output di
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -140,15 +141,16 @@ def load(run_dir: Path, overrides: list[str], average_last: int | None = 1) -> T
     if run.trainer.threads:
         torch.set_num_threads(run.trainer.threads)
     device = resolve_device(run.trainer.device)
-    precision = resolve_precision(device, run.trainer.precision)  # auto: what this machine has
+    setting = str(run.trainer.precision)
+    precision = resolve_precision(device, setting)  # auto: what this machine has
     check_precision(device, precision)
-    run.trainer.precision = type(run.trainer.precision)(precision)
-    states, used, failed = [], [], []
+    states, used, failed, trained = [], [], [], _results_precision(run_dir)
     for _, path in files:  # newest first
         if len(states) == average_last:
             break
         try:
             state = checkpoint.load(path)
+            trained = trained or checkpoint.trained_in(state)
             states.append(state["model"])
             used.append(path.name if path.name != "best.pt" else
                         f"best.pt (step {state.get('progress', {}).get('step', '?')})")
@@ -163,6 +165,9 @@ def load(run_dir: Path, overrides: list[str], average_last: int | None = 1) -> T
         raise CheckpointError(
             f"eval.average_last={average_last} but {run_dir} has only {len(states)} valid "
             f"checkpoint(s); train with trainer.keep_last >= {average_last}")
+    if setting == "auto":  # the precision the run trained in, where it can be computed here
+        precision = _read_back_precision(trained, precision)
+    run.trainer.precision = type(run.trainer.precision)(precision)
     corpus = prepare(run.data, cache_dir(run.paths))
     model = Transformer(run.model, len(corpus.tokenizer), corpus.tokenizer.pad)
     if any(k.startswith("gates.") for k in states[0]):
@@ -170,6 +175,32 @@ def load(run_dir: Path, overrides: list[str], average_last: int | None = 1) -> T
     model.load_state_dict(average(states))
     log.info("loaded %s", ", ".join(used))
     return Trained(run, to_dict(cfg), model.to(device).eval(), corpus, device, used)
+
+
+def _results_precision(run_dir: Path) -> str | None:
+    """results.json's `precision`: what a finished run trained and was evaluated in."""
+    try:
+        value = json.loads((run_dir / "results.json").read_text()).get("precision")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if value in ("fp32", "bf16") else None
+
+
+def _read_back_precision(trained: str | None, native: str) -> str:
+    """trainer.precision=auto for a run read back (eval, analyze, prune): the precision it
+    trained in (results.json's, else its checkpoint's), so that its numbers are the run's own,
+    not what `auto` means on this machine; a bf16 run where bf16 is not native is read in fp32
+    (emulated bf16 is tens of times slower), saying so. A run that does not say: `native`."""
+    if trained is None or trained == native:
+        return native
+    if trained == "fp32":
+        log.info("trainer.precision=auto: the run trained in fp32, so it is read back in fp32 "
+                 "(name trainer.precision=bf16 for bf16, native here)")
+        return "fp32"
+    log.warning("the run trained in bf16, which is not native here: it is read back in fp32, so "
+                "its numbers may differ a little from its own (a GPU or a CPU with AVX512-BF16 or "
+                "AMX computes them in bf16)")
+    return "fp32"
 
 
 def evaluated_best(run) -> bool:

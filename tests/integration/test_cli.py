@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import shutil
@@ -516,6 +517,45 @@ def test_auto_precision_resumes_in_what_the_checkpoint_trained_in(tmp_path):
                                "bf16 is not native here; resume it where it is")
         assert "data synthetic" not in proc.stderr + proc.stdout  # before the data is read
         assert not (run_dir / "results.json").exists()
+
+
+def test_a_run_read_back_with_auto_is_computed_in_the_precision_it_trained_in(
+        tmp_path, monkeypatch, caplog):
+    """eval, analyze and prune read a preset's run (trainer.precision=auto) back in the
+    precision it trained in (results.json's), not in what `auto` means on this machine: an fp32
+    run stays fp32 where bf16 is native; a bf16 run is read in fp32 where bf16 is not native,
+    with a warning; a named precision is what it says. eval.json records the precision."""
+    import heads_lab.training.device as device
+    from heads_lab.commands.runs import load
+
+    run_dir = tmp_path / "run"
+    proc = heads_lab("train", "+experiment=table_a", *TINY, "data=synthetic", "seed=1",
+                     "trainer.max_steps=2", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    results = json.loads((run_dir / "results.json").read_text())
+
+    def read_back(native: bool, trained: str, *overrides: str) -> str:
+        monkeypatch.setattr(device, "native_bf16", lambda: native)
+        (run_dir / "results.json").write_text(json.dumps({**results, "precision": trained}))
+        return str(load(run_dir, list(overrides)).run.trainer.precision)
+
+    with caplog.at_level(logging.INFO, logger="heads_lab.commands.runs"):
+        assert read_back(True, "fp32") == "fp32"
+    assert "the run trained in fp32, so it is read back in fp32" in caplog.text
+    assert read_back(False, "fp32") == "fp32"
+    assert read_back(True, "bf16") == "bf16"
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="heads_lab.commands.runs"):
+        assert read_back(False, "bf16") == "fp32"
+    assert "the run trained in bf16, which is not native here: it is read back in fp32" in \
+        caplog.text
+    assert read_back(True, "fp32", "trainer.precision=bf16") == "bf16"
+    assert read_back(True, "bf16", "trainer.precision=fp32") == "fp32"
+    (run_dir / "results.json").write_text(json.dumps(results))
+    proc = heads_lab("eval", str(run_dir), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    (found,) = (run_dir / "evals").rglob("eval.json")
+    assert json.loads(found.read_text())["precision"] == results["precision"]
 
 
 def test_an_explicit_bf16_sweep_stops_once_before_its_first_job_without_native_bf16(monkeypatch):
