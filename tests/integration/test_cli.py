@@ -488,6 +488,7 @@ def test_a_preset_runs_on_any_cpu_without_naming_the_precision(tmp_path):
 
 
 
+@pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)
 def test_auto_precision_resumes_in_what_the_checkpoint_trained_in(tmp_path):
     """A preset's trainer.precision=auto records the precision it computed in, in results.json
     and in each checkpoint; resumed, `auto` follows the checkpoint, not this machine: a run
@@ -519,6 +520,7 @@ def test_auto_precision_resumes_in_what_the_checkpoint_trained_in(tmp_path):
         assert not (run_dir / "results.json").exists()
 
 
+@pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)
 def test_a_run_read_back_with_auto_is_computed_in_the_precision_it_trained_in(
         tmp_path, monkeypatch, caplog):
     """eval, analyze and prune read a preset's run (trainer.precision=auto) back in the
