@@ -187,7 +187,7 @@ def _results_precision(run_dir: Path) -> str | None:
 
 
 def _read_back_precision(trained: str | None, native: str) -> str:
-    """trainer.precision=auto for a run read back (eval, analyze, prune): the precision it
+    """trainer.precision=auto for a run read back (eval, prune; analyze is fp32): the precision it
     trained in (results.json's, else its checkpoint's), so that its numbers are the run's own,
     not what `auto` means on this machine; a bf16 run where bf16 is not native is read in fp32
     (emulated bf16 is tens of times slower), saying so. A run that does not say: `native`."""
