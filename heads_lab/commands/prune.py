@@ -81,7 +81,7 @@ def prune_run(run_dir: Path, overrides: list[str]) -> dict[str, Any]:
     else:
         result = gates_from_trained(run, t.config, model, corpus, eval_split, device, out)
     result.update({"run_dir": str(run_dir), "checkpoint": t.checkpoints[0],
-                   "overrides": overrides})
+                   "overrides": overrides, "precision": str(run.trainer.precision)})
     write_json(out / "prune.json", result)
     console.print(f"prune: {out / 'prune.json'}")
     return result
@@ -250,6 +250,7 @@ def gates_from_trained(run, config, model, corpus, eval_split, device, out: Path
                     f"{split}/ppl": after["ppl"], "cost/params": result["params"],
                     **{f"heads_kept/{s}": n for s, n in kept.items()}},
         "decoding": {"split": split, "beam": run.eval.beam, "sentences": len(eval_split)},
+        "precision": str(run.trainer.precision),  # what it computed in (report labels rows by it)
         "prune": result})
     table = {"header": ["λ", *KEPT_COLUMNS, "params", "BLEU", "BLEU before",
                         "PPL", "PPL before", "fwd tok/s", "fwd tok/s before", "decode s",

@@ -219,6 +219,7 @@ def test_prune_by_importance_removes_heads_for_real_step_by_step(trained):
     assert proc.returncode == 0, proc.stderr + proc.stdout
     (out,) = (trained / "prune").iterdir()
     result = json.loads((out / "prune.json").read_text())
+    assert result["precision"] == "fp32"  # what it computed in (TINY's default)
     rows = result["curves"]["enc-self"]
     assert [r["fraction"] for r in rows] == [0.0, 0.5, 1.0]
     assert [r["kept"]["enc-self"] for r in rows] == [8, 4, 0]
@@ -244,6 +245,7 @@ def test_prune_with_gates_and_eval_with_a_head_mask(trained):
     found = sorted((trained / "prune").glob("*gates*/results.json"))
     assert len(found) == 2
     assert {json.loads(p.read_text())["prune"]["gate_eval"] for p in found} == {"voita"}
+    assert {json.loads(p.read_text())["precision"] for p in found} == {"fp32"}
     kept = [json.loads(p.read_text())["metrics"] for p in found]
     for m, path in zip(kept, found):
         assert 0 <= m["heads_kept/enc-self"] <= 8 and 0 <= m["test/bleu"] <= 100
