@@ -60,7 +60,7 @@ def main(args: list[str]) -> int:
         from heads_lab.commands.hf import analyze_hf  # lazy: start-up time (transformers)
 
         return analyze_hf(args[0], args[1:], started)
-    opened = runs.open_run(COMMAND, args)
+    opened = runs.open_run(COMMAND, args, computes="fp32")  # no autocast: fp32 always
     if isinstance(opened, int):
         return opened
     run_dir, overrides, t = opened

@@ -64,14 +64,15 @@ class Command:
         return Path(args[0]), jobs
 
 
-def open_run(command: Command, args: list[str], average_last: int | None = 1):
+def open_run(command: Command, args: list[str], average_last: int | None = 1,
+             computes: str | None = None):
     """A single-job command's start: (run dir, overrides, the run read back), or the exit code
-    of a help request."""
+    of a help request. `computes`: see `load`."""
     parsed = command.parse(args)
     if isinstance(parsed, int):
         return parsed
     run_dir, (overrides,) = parsed
-    return run_dir, overrides, load(run_dir, overrides, average_last)
+    return run_dir, overrides, load(run_dir, overrides, average_last, computes)
 
 
 def compose_run(run_dir: Path, overrides: list[str]):
@@ -101,13 +102,16 @@ class Trained:
     checkpoints: list[str]
 
 
-def load(run_dir: Path, overrides: list[str], average_last: int | None = 1) -> Trained:
+def load(run_dir: Path, overrides: list[str], average_last: int | None = 1,
+         computes: str | None = None) -> Trained:
     """The run in `run_dir` with `overrides`, its weights those `train` evaluated — the best
     validation's (checkpoints/best.pt) for an eval.checkpoint=best run, else the newest valid
     step checkpoint — or the element-wise mean of the newest `average_last` step checkpoints
     (None: the run's eval.average_last; corrupt ones skipped with a warning), or the step
     analysis.step names. A model trained with head gates gets them back (they decide which
-    heads count)."""
+    heads count). Its trainer.precision is what the caller computes in: `computes` where the
+    caller has one precision of its own (analyze: "fp32", whatever the run's setting), else the
+    setting, with `auto` the precision the run trained in (`_read_back_precision`)."""
     import torch  # lazy: start-up time (torch)
 
     from heads_lab.data import prepare  # lazy: start-up time (torch)
@@ -141,16 +145,16 @@ def load(run_dir: Path, overrides: list[str], average_last: int | None = 1) -> T
     if run.trainer.threads:
         torch.set_num_threads(run.trainer.threads)
     device = resolve_device(run.trainer.device)
-    setting = str(run.trainer.precision)
+    setting = computes or str(run.trainer.precision)
     precision = resolve_precision(device, setting)  # auto: what this machine has
     check_precision(device, precision)
-    states, used, failed, trained = [], [], [], _results_precision(run_dir)
+    states, used, failed, trained = [], [], [], None
     for _, path in files:  # newest first
         if len(states) == average_last:
             break
         try:
             state = checkpoint.load(path)
-            trained = trained or checkpoint.trained_in(state)
+            trained = trained or checkpoint.trained_in(state)  # the newest loaded one's
             states.append(state["model"])
             used.append(path.name if path.name != "best.pt" else
                         f"best.pt (step {state.get('progress', {}).get('step', '?')})")
@@ -166,7 +170,7 @@ def load(run_dir: Path, overrides: list[str], average_last: int | None = 1) -> T
             f"eval.average_last={average_last} but {run_dir} has only {len(states)} valid "
             f"checkpoint(s); train with trainer.keep_last >= {average_last}")
     if setting == "auto":  # the precision the run trained in, where it can be computed here
-        precision = _read_back_precision(trained, precision)
+        precision = _read_back_precision(trained or _results_precision(run_dir), precision)
     run.trainer.precision = type(run.trainer.precision)(precision)
     corpus = prepare(run.data, cache_dir(run.paths))
     model = Transformer(run.model, len(corpus.tokenizer), corpus.tokenizer.pad)
@@ -188,9 +192,10 @@ def _results_precision(run_dir: Path) -> str | None:
 
 def _read_back_precision(trained: str | None, native: str) -> str:
     """trainer.precision=auto for a run read back (eval, prune; analyze is fp32): the precision it
-    trained in (results.json's, else its checkpoint's), so that its numbers are the run's own,
-    not what `auto` means on this machine; a bf16 run where bf16 is not native is read in fp32
-    (emulated bf16 is tens of times slower), saying so. A run that does not say: `native`."""
+    trained in (the loaded checkpoint's record, else results.json's: a checkpoint from before
+    checkpoints recorded it), so that its numbers are the run's own, not what `auto` means on
+    this machine; a bf16 run where bf16 is not native is read in fp32 (emulated bf16 is tens of
+    times slower), saying so. A run that does not say: `native`."""
     if trained is None or trained == native:
         return native
     if trained == "fp32":

@@ -523,24 +523,38 @@ def test_auto_precision_resumes_in_what_the_checkpoint_trained_in(tmp_path):
 @pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)
 def test_a_run_read_back_with_auto_is_computed_in_the_precision_it_trained_in(
         tmp_path, monkeypatch, caplog):
-    """eval and prune read a preset's run (trainer.precision=auto) back in the
-    precision it trained in (results.json's), not in what `auto` means on this machine: an fp32
-    run stays fp32 where bf16 is native; a bf16 run is read in fp32 where bf16 is not native,
-    with a warning; a named precision is what it says. eval.json records the precision."""
+    """eval and prune read a preset's run (trainer.precision=auto) back in the precision it
+    trained in (the loaded checkpoint's record, else results.json's), not in what `auto` means on
+    this machine: an fp32 run stays fp32 where bf16 is native; a bf16 run is read in fp32 where
+    bf16 is not native, with a warning; a named precision is what it says. eval.json records the
+    precision. analyze computes in fp32 whatever the run names, so bf16 is never refused there."""
     import heads_lab.training.device as device
+    from heads_lab.commands import analyze
     from heads_lab.commands.runs import load
+    from heads_lab.errors import ConfigError
+    from heads_lab.training import checkpoint
 
     run_dir = tmp_path / "run"
     proc = heads_lab("train", "+experiment=table_a", *TINY, "data=synthetic", "seed=1",
-                     "trainer.max_steps=2", "trainer.device=cpu", f"hydra.run.dir={run_dir}",
-                     cwd=tmp_path)  # native_bf16 is the CPU's
+                     "trainer.device=cpu", "trainer.max_steps=2", "trainer.keep_last=2",
+                     f"hydra.run.dir={run_dir}", cwd=tmp_path)  # native_bf16 is the CPU's
     assert proc.returncode == 0, proc.stderr + proc.stdout
     results = json.loads((run_dir / "results.json").read_text())
+    saved = {path: checkpoint.load(path) for path in (run_dir / "checkpoints").glob("*.pt")}
 
-    def read_back(native: bool, trained: str, *overrides: str) -> str:
+    def label(trained: str | None, told: str | None) -> None:
+        """The checkpoints record `trained` (None: not at all, as before the record), and
+        results.json says `told`."""
+        for path, state in saved.items():
+            state = {k: v for k, v in state.items() if k != "precision"}
+            checkpoint.save(path, state if trained is None else {**state, "precision": trained})
+        (run_dir / "results.json").write_text(json.dumps({**results, "precision": told}))
+
+    def read_back(native: bool, trained: str | None, *overrides: str, told: str | None = None,
+                  computes: str | None = None) -> str:
         monkeypatch.setattr(device, "native_bf16", lambda: native)
-        (run_dir / "results.json").write_text(json.dumps({**results, "precision": trained}))
-        return str(load(run_dir, list(overrides)).run.trainer.precision)
+        label(trained, told or trained)
+        return str(load(run_dir, list(overrides), computes=computes).run.trainer.precision)
 
     with caplog.at_level(logging.INFO, logger="heads_lab.commands.runs"):
         assert read_back(True, "fp32") == "fp32"
@@ -554,7 +568,27 @@ def test_a_run_read_back_with_auto_is_computed_in_the_precision_it_trained_in(
         caplog.text
     assert read_back(True, "fp32", "trainer.precision=bf16") == "bf16"
     assert read_back(True, "bf16", "trainer.precision=fp32") == "fp32"
-    (run_dir / "results.json").write_text(json.dumps(results))
+    # the weights read say what they trained in; results.json only for a checkpoint that does not
+    # (results.json may be another run's: leftovers of trainer.resume=never, analysis.step)
+    assert read_back(True, "fp32", told="bf16") == "fp32"
+    assert read_back(True, None, told="fp32") == "fp32"
+    assert read_back(True, None, told="bf16") == "bf16"
+    assert read_back(True, None, told="none") == "bf16"  # neither says: what auto is here
+    # analyze computes in fp32: a run naming bf16 is read there on a CPU without native bf16,
+    # where eval is refused in one line
+    assert read_back(False, "bf16", "trainer.precision=bf16", computes="fp32") == "fp32"
+    with pytest.raises(ConfigError, match="this CPU has no native bf16"):
+        read_back(False, "bf16", "trainer.precision=bf16")
+    label("bf16", "bf16")
+    (run_dir / ".hydra" / "overrides.yaml").write_text(
+        (run_dir / ".hydra" / "overrides.yaml").read_text() + "- trainer.precision=bf16\n")
+    assert analyze.main([str(run_dir), "analysis.max_sentences=8"]) == 0
+    (found,) = (run_dir / "analysis").rglob("analysis.json")
+    assert json.loads(found.read_text())["sentences"] == 8
+    monkeypatch.undo()
+    (run_dir / ".hydra" / "overrides.yaml").write_text(
+        (run_dir / ".hydra" / "overrides.yaml").read_text().replace("- trainer.precision=bf16\n", ""))
+    label(results["precision"], results["precision"])
     proc = heads_lab("eval", str(run_dir), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     (found,) = (run_dir / "evals").rglob("eval.json")
