@@ -154,10 +154,11 @@ def load(run_dir: Path, overrides: list[str], average_last: int | None = 1,
             break
         try:
             state = checkpoint.load(path)
-            trained = trained or checkpoint.trained_in(state)  # the newest loaded one's
+            trained = trained or checkpoint.trained_in(state)  # the newest recording one's
             states.append(state["model"])
             used.append(path.name if path.name != "best.pt" else
                         f"best.pt (step {state.get('progress', {}).get('step', '?')})")
+            del state  # its optimizer moments are not needed: not held through prepare()
         except CheckpointError as err:
             log.warning("skipping %s", err)
             failed.append(path.name)
