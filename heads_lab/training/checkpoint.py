@@ -101,16 +101,18 @@ def step_files(run_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
-def latest(run_dir: Path) -> tuple[dict[str, Any], Path] | None:
-    """The newest checkpoint that loads and verifies; corrupt ones are skipped with a warning.
-    None when the run has no checkpoints; CheckpointError when it has some but none is valid."""
+def latest(run_dir: Path, warn: bool = True) -> tuple[dict[str, Any], Path] | None:
+    """The newest checkpoint that loads and verifies; corrupt ones are skipped with a warning
+    (warn=False: silently, where the same scan is made again and warns then). None when the run
+    has no checkpoints; CheckpointError when it has some but none is valid."""
     files = step_files(run_dir)
     problems = []
     for _, path in files:
         try:
             return load(path), path
         except CheckpointError as err:
-            log.warning("skipping %s; falling back to an earlier checkpoint", err)
+            if warn:
+                log.warning("skipping %s; falling back to an earlier checkpoint", err)
             problems.append(path.name)
     if files:
         raise CheckpointError(
@@ -264,7 +266,7 @@ def auto_precision(run_dir: Path, native: str) -> str:
     AVX2 CPU's run resumed on a GPU continues in fp32), bf16 only where it is native (a GPU's
     run cannot resume on an AVX2 CPU: one line saying where it can). An `auto` checkpoint saved
     before checkpoints recorded their precision resumes in `native` (with a warning, on resume)."""
-    found = latest(run_dir)
+    found = latest(run_dir, warn=False)  # resuming scans again, and warns of what it skips
     trained = trained_in(found[0]) if found else None
     if trained is None or trained == native:
         return native

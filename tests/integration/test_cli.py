@@ -503,12 +503,23 @@ def test_auto_precision_resumes_in_what_the_checkpoint_trained_in(tmp_path):
     proc = heads_lab(*args, "trainer.max_steps=2", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     results = json.loads((run_dir / "results.json").read_text())
+    # resumed in its own precision past a corrupt newer file, which is skipped with one warning
+    # (auto_precision's scan of the checkpoints is silent; the resume's warns)
+    (run_dir / "results.json").unlink()
+    bad = checkpoint.step_path(run_dir, 9)
+    bad.write_bytes(b"half a checkpoint")
+    proc = heads_lab(*args, "trainer.max_steps=3", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert (proc.stderr + proc.stdout).count("falling back to an earlier checkpoint") == 1
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["train"]["resumed_from"] == 2 and results["train"]["steps"] == 3
+    bad.unlink()
     state, path = checkpoint.latest(run_dir)
     assert state["precision"] == results["precision"] == ("bf16" if native_bf16() else "fp32")
     other = "fp32" if native_bf16() else "bf16"
     checkpoint.save(path, {**state, "precision": other})
     (run_dir / "results.json").unlink()
-    proc = heads_lab(*args, "trainer.max_steps=3", cwd=tmp_path)
+    proc = heads_lab(*args, "trainer.max_steps=4", cwd=tmp_path)
     if native_bf16():
         assert proc.returncode == 0, proc.stderr + proc.stdout
         assert json.loads((run_dir / "results.json").read_text())["precision"] == "fp32"
