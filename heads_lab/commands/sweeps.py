@@ -202,8 +202,10 @@ def user_errors(hydra_cfg):
         yield
     except Preempted as err:  # a stop signal: the whole command stops, resumable, not failed
         requeued = scheduler_handler(err.signal_name) is not None  # SLURM resumes it itself
-        if hydra_cfg.mode != RunMode.MULTIRUN:
-            print(f"error: {err.stopped if requeued else err}", file=sys.stderr)
+        if hydra_cfg.mode != RunMode.MULTIRUN:  # the advice names this run's dir, as typed
+            advice = ("" if requeued else "; run the same command with "
+                      f"{dir_arg('hydra.run.dir', hydra_cfg.runtime.output_dir)} to resume")
+            print(f"error: {err.stopped}{advice}", file=sys.stderr)
         else:
             job = job_label(list(hydra_cfg.overrides.task), hydra_cfg.job.num)
             advice = ("" if requeued else "; run the same sweep command with "

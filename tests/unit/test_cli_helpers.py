@@ -132,3 +132,29 @@ def test_a_jobs_error_line_goes_to_stderr_in_one_write_newline_included(monkeypa
     say_line("error: job 0 (seed=1): stopped by SIGTERM at step 6")
     assert stream.writes == ["error: job 2 (seed=3): stopped by SIGTERM at step 15\n", "<flush>",
                              "error: job 0 (seed=1): stopped by SIGTERM at step 6\n", "<flush>"]
+
+
+def test_a_stopped_single_run_says_how_to_resume_it_with_its_own_dir(tmp_path, capsys):
+    """A stop signal to a single run: exit 128 + the signal and one line naming the run's own dir
+    (a run dir's name holds `=`: typed as printed, Hydra reads the dir back), not a placeholder."""
+    import shlex
+    import signal
+    from types import SimpleNamespace
+
+    from hydra.types import RunMode
+
+    from heads_lab.commands.overrides import dir_override
+    from heads_lab.commands.sweeps import user_errors
+    from heads_lab.training.state import Preempted
+
+    run_dir = tmp_path / "2026-11-22" / "14-03-12_model.heads=8"
+    cfg = SimpleNamespace(mode=RunMode.RUN, runtime=SimpleNamespace(output_dir=str(run_dir)))
+    with pytest.raises(SystemExit) as stopped, user_errors(cfg):
+        raise Preempted("SIGTERM", 12, run_dir / "checkpoints" / "step_0000012.pt")
+    assert stopped.value.code == 128 + signal.SIGTERM
+    (line,) = capsys.readouterr().err.splitlines()
+    head = (f"error: stopped by SIGTERM at step 12; saved checkpoint "
+            f"{run_dir / 'checkpoints' / 'step_0000012.pt'}; run the same command with ")
+    assert line.startswith(head) and line.endswith(" to resume"), line
+    (typed,) = shlex.split(line[len(head):-len(" to resume")])
+    assert dir_override(typed, "hydra.run.dir") == run_dir
