@@ -39,6 +39,10 @@ def one_line(err: BaseException) -> str:
     if unknown:
         key = unknown.group(1)
         schema = re.search(r"not in '(\w+)'", cause)
+        append = re.search(r"To append to your config use (\+\S+)", text)
+        if not schema and append and "not in struct" in cause:  # a map field, e.g. data.files
+            return (f"unknown config key '{key}': '{key.rpartition('.')[0]}' is a map, and a key "
+                    f"new to it takes a leading +: {append.group(1)}")
         hint = ""
         if schema:  # the closest field of the very schema Hydra names
             from heads_lab.config.compose import field_names  # lazy: only on this error

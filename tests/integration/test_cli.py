@@ -131,6 +131,8 @@ def test_same_config_and_seed_give_the_same_numbers(tiny_run_dir, tmp_path):
     (["model=huge"], ["model/huge", "base, small, tiny, transformer_base"]),
     (["eval.beam=0"], ["eval.beam=0"]),
     (["+trainer.max_step=5"], ["unknown config key 'trainer.max_step'"]),
+    (["data=hf", "data.dataset=json", "data.files.train=a.jsonl"],  # a map's new key: +
+     ["unknown config key 'data.files.train'", "'data.files' is a map", "+data.files.train=a.jsonl"]),
     (["eval.bleu_tokenize=foo"], ["eval.bleu_tokenize='foo' is not a sacrebleu tokenizer"]),
     (["model.heads=3,4"], ["Ambiguous value", "add -m"]),
     (["data.vocab_size=20", "data.train_size=300"], ["data.vocab_size=20 is smaller than"]),
