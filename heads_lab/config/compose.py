@@ -155,7 +155,7 @@ def to_dict(cfg: DictConfig) -> dict[str, Any]:
 def describe_keys(obj: Any, prefix: str = "") -> list[str]:
     """`key = value  help` for every field of a config object (a composed RunConfig), nested
     groups as dotted keys; the help is the schema field's metadata["help"], and a choice lists
-    its values."""
+    its values (a subclass that changes a field's default and not its help: its parent's)."""
     lines = []
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
@@ -164,11 +164,20 @@ def describe_keys(obj: Any, prefix: str = "") -> list[str]:
             lines += describe_keys(value, key + ".")
             continue
         shown = value.value if isinstance(value, Enum) else value
-        help_text = f.metadata.get("help", "")
+        help_text = _help(type(obj), f.name)
         if isinstance(value, Enum) and "|" not in help_text:
             help_text += f" (one of {', '.join(c.value for c in type(value))})"
         lines.append(f"  {key} = {shown}" + (f"  # {help_text.strip()}" if help_text else ""))
     return lines
+
+
+def _help(schema: type, name: str) -> str:
+    """The help of field `name`: the nearest class in the schema's MRO that gives it one."""
+    for cls in schema.__mro__:
+        own = getattr(cls, "__dataclass_fields__", {}).get(name)
+        if own is not None and own.metadata.get("help"):
+            return own.metadata["help"]
+    return ""
 
 
 def field_names(schema: str) -> list[str]:

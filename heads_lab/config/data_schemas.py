@@ -28,7 +28,8 @@ class CleaningConfig:
 
 @dataclass
 class DataConfig:
-    name: str = MISSING
+    name: str = opt(MISSING, "the source (set by data=<name>): local | multi30k | hf | tatoeba | "
+                    "synthetic")
     src: str = opt("src", "source language code")
     tgt: str = opt("tgt", "target language code")
     vocab_size: int = opt(8000, "joint subword vocabulary (SentencePiece)")
@@ -49,13 +50,13 @@ class TextFilesDataConfig(DataConfig):
     split (`pattern` with {split}), one `source<TAB>target` pair per line."""
 
     name: str = "local"
-    root: str | None = None
+    root: str | None = opt(None, "the dir holding the files (required)")
     format: FileFormat = opt(FileFormat.text, "text (a file per split and side) | tsv (a file per "
                              "split, source<TAB>target)")
     pattern: str = opt("{split}.{lang}", "a .gz twin is tried too")
     train: str = opt("train", "split names as they appear in file names")
-    valid: str = "valid"
-    test: str = "test"
+    valid: str = opt("valid", "validation split's name in file names")
+    test: str = opt("test", "test split's name in file names")
 
 
 @dataclass
@@ -64,10 +65,12 @@ class Multi30kDataConfig(TextFilesDataConfig):
     $HEADS_LAB_DATA/multi30k (or $HEADS_LAB_DATA); without the files, the hub copy is tried."""
 
     name: str = "multi30k"
-    src: str = "de"
-    tgt: str = "en"
-    train: str = "train"
-    valid: str = "val"
+    src: str = opt("de", "source language: en | de | fr | cs")
+    tgt: str = opt("en", "target language: en | de | fr | cs")
+    root: str | None = opt(None, "the dir holding the files; None = $HEADS_LAB_DATA/multi30k, "
+                           "then $HEADS_LAB_DATA, then the hub")
+    train: str = opt("train", "split names as they appear in file names")
+    valid: str = opt("val", "validation split's name in file names")
     test: str = opt("test_2016_flickr", "or test_2017_flickr, test_2017_mscoco, test_2018_flickr")
     hub_dataset: str = opt("bentrevett/multi30k", "en/de columns; train / validation / test")
 
@@ -79,15 +82,17 @@ class HFDataConfig(DataConfig):
     loader name (json, parquet, csv) with `files` mapping each split to local files."""
 
     name: str = "hf"
-    dataset: str | None = None
+    dataset: str | None = opt(None, "a hub name (needs a network), a dir saved with save_to_disk, "
+                              "or a loader (json, parquet, csv) with data.files (required)")
     config: str | None = opt(None, "the dataset's configuration, e.g. de-en for wmt/wmt14")
-    revision: str | None = None
+    revision: str | None = opt(None, "the hub dataset's git revision (a tag, branch or commit)")
     column: str | None = opt("translation", "null: the text is in columns named like data.src/tgt")
     files: dict[str, str] = field(default_factory=dict, metadata={"help":
-        "split name → file(s), for json/parquet"})
-    train: str = "train"
-    valid: str = "validation"
-    test: str = "test"
+        "split name → file(s), for json/parquet/csv; new keys take a leading +: "
+        "+data.files.train=train.jsonl"})
+    train: str = opt("train", "the dataset's split names for training, validation and test")
+    valid: str = opt("validation", "the dataset's validation split")
+    test: str = opt("test", "the dataset's test split")
 
 
 @dataclass
@@ -122,24 +127,24 @@ class SyntheticDataConfig(DataConfig):
 
     name: str = "synthetic"
     vocab_size: int = 2000
-    seed: int = 0
-    train_size: int = 20000
-    valid_size: int = 500
-    test_size: int = 1000
-    nouns: int = 400
-    verbs: int = 100
-    adjectives: int = 100
-    adverbs: int = 40
+    seed: int = opt(0, "fixes the language (lexicon, senses) and the corpus; not the training seed")
+    train_size: int = opt(20000, "training pairs (valid and test stay the same as it changes)")
+    valid_size: int = opt(500, "validation pairs")
+    test_size: int = opt(1000, "test pairs")
+    nouns: int = opt(400, "noun lemmas in the lexicon")
+    verbs: int = opt(100, "verb lemmas")
+    adjectives: int = opt(100, "adjective lemmas")
+    adverbs: int = opt(40, "adverb lemmas")
     zipf: float = opt(1.1, "word-frequency exponent: p(rank r) ∝ r^-zipf")
     p_cognate: float = opt(0.5, "lemmas whose target form is a sound-shifted copy of the source")
     p_synonym: float = opt(0.05, "lemmas that share their target translation (many-to-one)")
-    p_pronoun: float = 0.25
-    p_plural: float = 0.3
-    p_past: float = 0.3
-    p_adjective: float = 0.45
-    p_very: float = 0.15
-    p_adverb: float = 0.3
-    p_subordinate: float = 0.35
+    p_pronoun: float = opt(0.25, "subjects that are a pronoun")
+    p_plural: float = opt(0.3, "noun phrases in the plural")
+    p_past: float = opt(0.3, "clauses in the past tense (target: auxiliary + participle)")
+    p_adjective: float = opt(0.45, "a noun phrase's first adjective (a second: half as likely)")
+    p_very: float = opt(0.15, "adjectives with \"very\" (one target word for the two)")
+    p_adverb: float = opt(0.3, "clauses with an adverb")
+    p_subordinate: float = opt(0.35, "clauses with a subordinate clause (up to max_depth deep)")
     max_depth: int = opt(2, "nested subordinate clauses")
     p_polysemy: float = opt(0.0,
         "(head-analysis studies; 0 = off, the corpus as without these keys) "

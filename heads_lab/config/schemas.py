@@ -173,25 +173,29 @@ class LoggerConfig:
     name: str = opt("none", "wandb | tensorboard | none")
     tensorboard: bool = opt(False, "also write TensorBoard event files to <run dir>/tensorboard "
                             "(logger=tensorboard alone; logger=wandb logger.tensorboard=true both); "
-                            "`tensorboard --logdir <sweep dir>` compares a sweep's runs")
+                            "`tensorboard --logdir <sweep dir>/tensorboard` compares a sweep's runs")
 
 
 @dataclass
 class WandbConfig(LoggerConfig):
     name: str = "wandb"
-    project: str = "heads-lab"
-    entity: str | None = None
-    mode: WandbMode = WandbMode.offline
-    group: str | None = None
-    job_type: str = "train"
-    tags: list[str] = field(default_factory=list)
-    notes: str | None = None
+    project: str = opt("heads-lab", "the wandb project")
+    entity: str | None = opt(None, "the wandb team or user; None = your default")
+    mode: WandbMode = opt(WandbMode.offline, "offline (files under the run dir; `wandb sync` "
+                          "uploads them) | online | disabled")
+    group: str | None = opt(None, "the wandb group; None = the experiment's name (a sweep's runs "
+                            "share it)")
+    job_type: str = opt("train", "the wandb job type")
+    tags: list[str] = field(default_factory=list, metadata={"help":
+        "wandb tags besides the run's own (tags)"})
+    notes: str | None = opt(None, "the wandb run's notes")
 
 
 @dataclass
 class PathsConfig:
     cache_dir: str | None = opt(None,
-        "tokenizers and preprocessed data; None = $HEADS_LAB_CACHE or ~/.cache/heads-lab")
+        "tokenizers and preprocessed data; None = $HEADS_LAB_CACHE, else "
+        "$XDG_CACHE_HOME/heads-lab or ~/.cache/heads-lab")
 
 
 @dataclass
@@ -199,8 +203,8 @@ class CostConfig:
     """Lengths (subword tokens) at which `heads-lab info` counts FLOPs and attention memory;
     training runs use their data's mean lengths instead."""
 
-    src_len: float = 20.0
-    tgt_len: float = 20.0
+    src_len: float = opt(20.0, "source length, subword tokens (heads-lab info)")
+    tgt_len: float = opt(20.0, "target length, subword tokens (heads-lab info)")
 
 
 @dataclass
@@ -208,7 +212,9 @@ class ReportConfig:
     """How `heads-lab report` reads a study (experiment presets set these): the base row the
     other rows are tested against, e.g. {model.heads: 8}, and published numbers beside ours."""
 
-    base: dict[str, Any] = field(default_factory=dict)
+    base: dict[str, Any] = field(default_factory=dict, metadata={"help":
+        "the row the others are tested against, e.g. {model.heads: 8} (experiment presets set "
+        "it)"})
     paper: str | None = opt(None, "table_a: Vaswani et al. 2017, Table 3 (A)")
     x: str | None = opt(None, "the quality plot's x axis where several numeric settings vary, "
                         "e.g. data.train_fraction: one line per value of the others (model.heads); "
@@ -289,7 +295,8 @@ class RunConfig:
     report: ReportConfig = field(default_factory=ReportConfig)
     analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
     prune: PruneConfig = field(default_factory=PruneConfig)
-    seed: int = 1
+    seed: int = opt(1, "the training seed: initial weights, dropout, batch order (not the data's "
+                    "splits)")
     name: str = opt("train", "experiment name (wandb group when none is set)")
     tags: list[str] = field(default_factory=list, metadata={"help":
         "wandb tags (presets add theirs)"})

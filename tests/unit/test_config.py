@@ -131,3 +131,17 @@ def test_a_config_written_before_new_settings_stands_for_their_old_behaviour():
     assert written_before(new) == {}  # present keys are never overridden
     talking = {"model.attention": "talking_heads", "model.heads": 4, "model.heads_v": 8}
     assert written_before(talking)["model.mix_init"] == "identity"
+
+
+@pytest.mark.parametrize("data", ["local", "multi30k", "hf", "tatoeba", "synthetic"])
+@pytest.mark.parametrize("logger", ["none", "wandb", "tensorboard"])
+def test_every_key_that_train_help_lists_has_its_help_text(data, logger):
+    """`heads-lab train --help` lists every key with its help (CONTRIBUTING's rule), also a
+    key a data source or logger redefines only to change its default (its parent's help)."""
+    from heads_lab.config.compose import describe_keys
+
+    lines = describe_keys(to_object(compose([f"data={data}", f"logger={logger}"])))
+    assert len(lines) > 100
+    assert [line for line in lines if "  # " not in line] == []
+    by_key = {line.split(" = ")[0].strip(): line for line in lines}
+    assert "# joint subword vocabulary" in by_key["data.vocab_size"]  # its parent's help
