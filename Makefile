@@ -36,7 +36,7 @@ demo: install  ## train on the embedded synthetic language pair and print PPL / 
 test: install-dev  ## unit + integration tests, without the slow ones; the CUDA tests' logic on CPU
 	@# PYTEST_JOBS processes (pytest-xdist); a module's tests stay on one (they share its fixtures)
 	$(BIN)/python -m pytest -q -n $(PYTEST_JOBS) --dist loadscope -m "not slow" tests $(ARGS)
-	@# tests/cuda skip without a GPU; on the CPU (CPU against CPU, ~15 s) they still catch a
+	@# tests/cuda skip without a GPU; on the CPU (CPU against CPU, ~20 s) they still catch a
 	@# test that no longer matches the code (a renamed function went unseen until a GPU ran them)
 	HEADS_LAB_CUDA_TESTS_ON=cpu $(BIN)/python -m pytest -q -p no:cacheprovider -m "cuda and not slow" tests/cuda
 

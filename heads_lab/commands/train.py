@@ -168,7 +168,7 @@ def _print_summary(results: dict[str, Any], overrides: list[str], run_dir: Path)
 
 def _metrics(split_name: str, result, ppl, scores, params, costs, peak_mb: float,
              model) -> dict[str, float]:
-    """results.json's metrics (the keys DESIGN.md fixes) of a trained and evaluated run."""
+    """results.json's metrics (the keys CONTRIBUTING.md fixes) of a trained and evaluated run."""
     metrics = {
         "train/loss": result.train_loss,
         "train/tokens_per_s": result.tokens_per_s,
