@@ -72,7 +72,7 @@ def summarise(label: str, text: str) -> Summary:
         for cell in row[1:-1]:  # role · confidence · importance · LRP
             parts = cell.split()
             confidence.append(float(parts[1]))
-            if len(parts) > 3 and parts[3] != "-":
+            if len(parts) > 3 and parts[3] not in ("-", "–"):  # analyze writes – (none)
                 lrp.append(float(parts[3]))
     s.confidence = (min(confidence), max(confidence))
     s.lrp = max(lrp) if lrp else float("nan")

@@ -76,6 +76,18 @@ def test_head_roles_table_reads_a_published_analysis():
     assert "– (no trees)" in table.splitlines()[-1]
 
 
+def test_head_roles_table_reads_an_analysis_without_lrp():
+    """analyze writes – (an en dash) where LRP was not measured: no LRP, not an error."""
+    import re
+
+    script = _script("head_roles_table")
+    text = (ROOT / "results" / "head_analysis" / "relpos16" / "pud" / "analysis.md").read_text()
+    no_lrp = re.sub(r"(\| [·PSR]+ [0-9.]+ [0-9.]+) [0-9.]+(?= \|)", r"\1 –", text)
+    assert no_lrp.count(" –") >= 24
+    pud = script.summarise("pud", no_lrp)
+    assert pud.lrp != pud.lrp and pud.roles["other"] == 71  # nan: none measured
+
+
 def test_head_roles_table_refuses_a_file_it_cannot_read(tmp_path):
     script = _script("head_roles_table")
     with pytest.raises(SystemExit, match="no section"):
