@@ -1,5 +1,12 @@
 """Head importance (Michel et al. 2019): |∂L/∂ξ| for a multiplier ξ at 1 on every head, per
-kind of head (heads_lab.model.heads.head_kinds)."""
+kind of head (heads_lab.model.heads.head_kinds).
+
+The paper (§4.1): "I_h = E_{x∼X} |∂L(x)/∂ξ_h|", ξ_h the mask variable of head h, and (§4.2) the
+scores of each layer normalised by their ℓ2 norm. heads-lab, like the transformers bertology
+example built on the authors' code, takes |·| of each batch's gradient (of the mean loss per
+target token), not of each sentence's, and averages over batches: signs can cancel within a
+batch, so the scores depend somewhat on the batch size (trainer.max_tokens); one backward pass
+a batch instead of one a sentence."""
 
 from __future__ import annotations
 

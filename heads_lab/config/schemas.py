@@ -242,8 +242,8 @@ class AnalysisConfig:
     lrp: bool = opt(True, "layer-wise relevance per head (Voita et al.), one relevance pass per "
                     "sentence; needs target sentences")
     lrp_sentences: int | None = opt(200,
-        "LRP on the first N analysed sentences only (null: all): its cost is one backward pass "
-        "per target token, ~1 s for a 60-token sentence pair on one CPU core at d_model 256")
+        "LRP on the first N analysed sentences only (null: all): its cost grows with the target "
+        "tokens (one pass a sentence, its target positions batched), ~1 s for a 60-token sentence pair on one CPU core at d_model 256")
     conllu: str | None = opt(None, "a CoNLL-U file of the split's source sentences (real data)")
     treebank: str | None = opt(None, "a CoNLL-U file (.gz too) analysed on its own `# text` lines")
     treebank_ref: str | None = opt(None, "its comment holding translations (text_en): decoder too")
@@ -280,7 +280,8 @@ class PruneConfig:
         "−ln(−ζ/γ), the kept head's output × ẑ) | binary (alive iff ẑ > 0.5, log α > 0 for the "
         "default stretch, output × 1)")
     init_keep: float = opt(0.9,
-        "σ(log α) at the start: 0.9 (log α ≈ 2.2) | 0.5 (log α = 0, Voita's)")
+        "σ(log α) at the start: 0.9 (log α ≈ 2.2) | 0.5 (log α = 0, about where Voita's "
+        "code starts)")
 
 
 @dataclass

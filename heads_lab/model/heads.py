@@ -223,8 +223,9 @@ class HardConcreteGates(nn.Module):
     (`rule`): "voita", as Voita et al.'s code, keeps a head iff ẑ > 0 (log α > −ln(−ζ/γ), −2.40
     for the default stretch) and scales its output by ẑ; "binary" keeps it iff ẑ > 0.5
     (log α > 0 for the default stretch) at 1. The L0 term of a module is Σ_h P(z_h ≠ 0) =
-    Σ_h σ(log α_h − β log(−γ/ζ)); `penalty` averages it over the gated modules. log α starts at
-    logit(init_keep).
+    Σ_h σ(log α_h − β log(−γ/ζ)); `penalty` averages it over the gated modules, as Voita et
+    al.'s code does (the paper writes L_C = Σ_h (1 − P(g_h = 0)) over all heads: the same up to
+    the number of gated modules, which λ absorbs). log α starts at logit(init_keep).
 
     For the trainer it is an extra loss term: `loss()` (λ · penalty), `metrics()` and
     `param_groups()` (log α's own learning rate)."""
