@@ -243,7 +243,8 @@ class AnalysisConfig:
                     "sentence; needs target sentences")
     lrp_sentences: int | None = opt(200,
         "LRP on the first N analysed sentences only (null: all): its cost grows with the target "
-        "tokens (one pass a sentence, its target positions batched), ~1 s for a 60-token sentence pair on one CPU core at d_model 256")
+        "tokens (one pass a sentence, its target positions batched), ~1 s for a 60-token "
+        "sentence pair on one CPU core at d_model 256")
     conllu: str | None = opt(None, "a CoNLL-U file of the split's source sentences (real data)")
     treebank: str | None = opt(None, "a CoNLL-U file (.gz too) analysed on its own `# text` lines")
     treebank_ref: str | None = opt(None, "its comment holding translations (text_en): decoder too")
