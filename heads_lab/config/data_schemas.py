@@ -69,8 +69,7 @@ class Multi30kDataConfig(TextFilesDataConfig):
     tgt: str = opt("en", "target language: en | de | fr | cs")
     root: str | None = opt(None, "the dir holding the files; None = $HEADS_LAB_DATA/multi30k, "
                            "then $HEADS_LAB_DATA, then the hub")
-    train: str = opt("train", "split names as they appear in file names")
-    valid: str = opt("val", "validation split's name in file names")
+    valid: str = "val"
     test: str = opt("test_2016_flickr", "or test_2017_flickr, test_2017_mscoco, test_2018_flickr")
     hub_dataset: str = opt("bentrevett/multi30k", "en/de columns; train / validation / test")
 
