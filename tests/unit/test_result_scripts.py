@@ -1,6 +1,7 @@
 """The scripts that join published study reports: the data-size figure across corpora
-(scripts/data_size_figure.py) and the head-role table across analyses
-(scripts/head_roles_table.py)."""
+(scripts/data_size_figure.py), the head-role table across analyses
+(scripts/head_roles_table.py) and the table of a study reported seed by seed
+(scripts/seeds_table.py)."""
 
 from __future__ import annotations
 
@@ -217,3 +218,51 @@ def test_data_size_figure_folds_later_seeds_from_a_runs_csv(tmp_path, capsys):
     assert more[0].std == pytest.approx(statistics.stdev(two + [39.2, 40.0]), abs=1e-9)
     with pytest.raises(SystemExit, match="no run of h = \\[16\\]"):
         script.main(["--out", str(out), f"T={report}", "--add", f"T={runs}:h=16"])
+
+
+def test_seeds_table_joins_per_seed_reports_and_pairs_each_run_with_its_own_seeds_base(
+        tmp_path, capsys):
+    """Two per-seed runs.csv (another precision each): every row's mean ± sample std equals
+    statistics' over its seeds, each difference is against the base run of the same seed and
+    file; a run given twice, different base rows and a file that is no runs.csv are refused."""
+    import statistics
+
+    script = _script("seeds_table")
+    header = ("setting,seed,run,valid PPL,test BLEU,test chrF,p vs base (its seed),best step,"
+              "precision\n")
+    one = tmp_path / "seed1.csv"
+    one.write_text(header + "h=4,1,a,2.7991,50.2311,64.6536,0.1668,5800,fp32\n"
+                   "h=8,1,b,2.8427,49.8642,64.4740,base,5800,fp32\n"
+                   "h=16,1,c,2.8907,49.0901,63.8817,0.0509,5800,fp32\n")
+    two = tmp_path / "seed2.csv"  # its h = 8 is lower than seed 1's: the pairing matters
+    two.write_text(header + "h=8,2,d,2.90,48.50,63.00,base,6000,bf16\n"
+                   "h=4,2,e,2.85,49.00,63.50,0.2000,6000,bf16\n")
+    assert script.main([str(one), str(two)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" | ")[0] for line in lines[2:]] == ["| h=4", "| h=8 (base)", "| h=16"]
+    h4 = lines[2].strip("| ").split(" | ")
+    d1, d2 = 50.2311 - 49.8642, 49.00 - 48.50
+    assert h4 == ["h=4", "1 fp32, 2 bf16",
+                  f"{statistics.mean([2.7991, 2.85]):.2f} ± {statistics.stdev([2.7991, 2.85]):.2f}",
+                  f"{statistics.mean([50.2311, 49.0]):.2f} ± "
+                  f"{statistics.stdev([50.2311, 49.0]):.2f}",
+                  f"{statistics.mean([64.6536, 63.5]):.2f} ± "
+                  f"{statistics.stdev([64.6536, 63.5]):.2f}",
+                  f"seed 1: {d1:+.2f} (0.1668); seed 2: {d2:+.2f} (0.2000)",
+                  f"{statistics.mean([d1, d2]):+.2f} ± {statistics.stdev([d1, d2]):.2f}"]
+    assert h4[5] == "seed 1: +0.37 (0.1668); seed 2: +0.50 (0.2000)"
+    assert lines[3].endswith("| 49.18 ± 0.96 | 63.74 ± 1.04 | – | – |")
+    assert lines[4].strip("| ").split(" | ")[1:] == ["1 fp32", "2.89", "49.09", "63.88",
+                                                     "seed 1: -0.77 (0.0509)", "-0.77"]
+    with pytest.raises(SystemExit, match="seed 1 of h=4 is in .*seed1.csv and in .*seed1.csv"):
+        script.main([str(one), str(one)])
+    other = tmp_path / "other.csv"
+    other.write_text(header + "h=4,3,f,2.8,49.0,63.0,base,6000,bf16\n")
+    with pytest.raises(SystemExit, match=r"different base rows \(h=4, h=8\)"):
+        script.main([str(one), str(other)])
+    report = tmp_path / "report.csv"
+    report.write_text("setting,h,runs,valid PPL,test BLEU\nh=8,8,1,2.8,49.0\n")
+    with pytest.raises(SystemExit, match="is not a heads-lab runs.csv"):
+        script.main([str(report)])
+    with pytest.raises(SystemExit, match="cannot read .*missing.csv"):
+        script.main([str(tmp_path / "missing.csv")])
