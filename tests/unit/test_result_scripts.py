@@ -224,7 +224,8 @@ def test_seeds_table_joins_per_seed_reports_and_pairs_each_run_with_its_own_seed
         tmp_path, capsys):
     """Two per-seed runs.csv (another precision each): every row's mean ± sample std equals
     statistics' over its seeds, each difference is against the base run of the same seed and
-    file; a run given twice, different base rows and a file that is no runs.csv are refused."""
+    file, and a seed without a base run is named but not averaged; a run given twice, different
+    base rows and a file that is no runs.csv are refused."""
     import statistics
 
     script = _script("seeds_table")
@@ -254,6 +255,12 @@ def test_seeds_table_joins_per_seed_reports_and_pairs_each_run_with_its_own_seed
     assert lines[3].endswith("| 49.18 ± 0.96 | 63.74 ± 1.04 | – | – |")
     assert lines[4].strip("| ").split(" | ")[1:] == ["1 fp32", "2.89", "49.09", "63.88",
                                                      "seed 1: -0.77 (0.0509)", "-0.77"]
+    lone = tmp_path / "seed3.csv"  # a seed whose report has no base run: named, not averaged
+    lone.write_text(header + "h=16,3,g,2.95,48.00,62.00,0.0100,6000,bf16\n")
+    assert script.main([str(one), str(lone)]) == 0
+    h16 = capsys.readouterr().out.splitlines()[4].strip("| ").split(" | ")
+    assert h16[1] == "1 fp32, 3 bf16"
+    assert h16[5:] == ["seed 1: -0.77 (0.0509); seed 3: no base run", "-0.77"]
     with pytest.raises(SystemExit, match="seed 1 of h=4 is in .*seed1.csv and in .*seed1.csv"):
         script.main([str(one), str(one)])
     other = tmp_path / "other.csv"
