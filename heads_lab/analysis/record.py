@@ -196,6 +196,13 @@ def _other_kinds(site: str, kind: str, first, gradient: dict[str, Scores], layer
     return heads
 
 
+def reaches(gain: float, margin: float) -> bool:
+    """A syntactic gain at or above the margin. Accuracy and baseline are shares of arcs (k / n)
+    and their difference is rounded, so 12/20 − 10/20 is 0.09999999999999998: a gain within
+    1e-9 of the margin reaches it."""
+    return bool(gain >= margin - 1e-9)
+
+
 def _site_heads(site: str, kind: str, m: dict[str, Any], s: SiteMaps, cfg
                 ) -> tuple[list[list[str]], list]:
     """Each head's role (syntactic, positional, rare or other, in that precedence) and its
@@ -207,7 +214,7 @@ def _site_heads(site: str, kind: str, m: dict[str, Any], s: SiteMaps, cfg
     for layer in range(layers):
         for head in range(n_heads):
             rels = [k for k, v in counted.items()
-                    if v["accuracy"][layer, head] - v["baseline"] >= cfg.syntactic_margin]
+                    if reaches(v["accuracy"][layer, head] - v["baseline"], cfg.syntactic_margin)]
             offset = int(pos["offset"][layer, head])
             is_pos = (share is not None and offset != 0
                       and share[layer, head] >= cfg.positional_threshold)
@@ -254,7 +261,7 @@ def _syntax_summary(source: Source, matching: Matching | None, tables: dict, hea
             "arcs": v["arcs"], "baseline": v["baseline"],
             "best": {"layer": best["layer"], "head": best["head"], "kind": best["kind"],
                      **best["syntactic"][key]},
-            "heads_above_margin": (sum(h["syntactic"][key]["gain"] >= cfg.syntactic_margin
+            "heads_above_margin": (sum(reaches(h["syntactic"][key]["gain"], cfg.syntactic_margin)
                                        for h in enc) if v["arcs"] >= cfg.min_arcs else 0)}
     total = analysed + len(source.left_out)
     return {"source": source.syntax, "file": source.file, "sentences": total,

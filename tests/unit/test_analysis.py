@@ -322,3 +322,53 @@ def test_lrp_against_importance_is_spearmans_rank_correlation():
     assert _spearman(lrp, tied) == pytest.approx((r @ t) / np.sqrt((r @ r) * (t @ t)))
     assert _spearman(lrp, np.ones(5)) is None and _spearman(np.ones(5), lrp) is None
     assert _spearman(lrp[:2], lrp[:2]) is None  # two heads: no rank correlation worth a number
+
+
+def test_roles_take_each_bar_at_its_edge():
+    """Each role's bar decides the label at its edge, as docs/analysis.md states it: positional
+    at ≥ positional_threshold (0.90) of queries on one offset ≠ 0, rare-word above rare_threshold
+    (> 0.50), syntactic at ≥ syntactic_margin (0.10) over the relation's baseline, and only for a
+    relation with ≥ min_arcs arcs; syntactic before positional before rare. Accuracies and
+    baselines are shares of arcs (k / n), so a gain of exactly 0.10 (12/20 − 10/20, which is
+    0.09999999999999998 in floating point) must reach the bar."""
+    from types import SimpleNamespace
+
+    from heads_lab.analysis.measures import GRADIENT_MEASURES, MAP_MEASURES
+    from heads_lab.analysis.record import _site_heads
+    from heads_lab.config.schemas import AnalysisConfig
+
+    cfg = AnalysisConfig()
+    assert (cfg.positional_threshold, cfg.rare_threshold, cfg.syntactic_margin,
+            cfg.min_arcs) == (0.9, 0.5, 0.1, 20)  # Voita et al.'s bars, and the arcs counted
+    heads = 9
+    share = np.array([[27 / 30, 26 / 30, 1.0, 0.2, 0.2, 0.95, 0.2, 0.2, 0.2]])
+    offset = np.array([[-1, 1, 0, -1, -1, 1, -1, -1, -1]])
+    rare = np.array([[0.1, 0.1, 0.1, 0.51, 0.5, 0.1, 0.1, 0.1, 0.1]])
+    det = np.array([[0.5, 0.5, 0.5, 0.5, 0.5, 12 / 20, 11 / 20, 0.5, 0.5]])
+    obj = np.array([[0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0]])
+    m = ({x.name: np.zeros((1, heads)) for x in MAP_MEASURES}
+         | {g.name: None for g in GRADIENT_MEASURES}
+         | {"positional_share": share, "rare_share": rare})
+    s = SimpleNamespace(
+        syntactic={"det dep→head": {"arcs": 20, "accuracy": det, "baseline": 10 / 20},
+                   "obj dep→head": {"arcs": 19, "accuracy": obj, "baseline": 0.0}},
+        positional={"offset": offset, "self": np.zeros((1, heads)),
+                    "prev": np.zeros((1, heads)), "next": np.zeros((1, heads))})
+    labels, entries = _site_heads("enc-self", "qk", m, s, cfg)
+    assert labels == [["positional",  # 0.90 at −1: on the bar
+                       "other",       # 0.87 at +1: below it
+                       "other",       # all on its own token: no position
+                       "rare",        # 0.51 on the rarest token
+                       "other",       # 0.50: not above half
+                       "syntactic",   # det +0.10 exactly; positional too, syntactic first
+                       "other",       # det +0.05
+                       "other",       # obj +1.00, but on 19 arcs (min_arcs 20)
+                       "other"]]
+    assert entries[5]["syntactic_relations"] == ["det dep→head"]
+    assert entries[5]["positional"]["is_positional"] and entries[0]["positional"]["is_positional"]
+    assert [e["rare"]["is_rare"] for e in entries[3:5]] == [True, False]
+    # a narrower bar moves exactly the heads at its edge
+    strict = AnalysisConfig(positional_threshold=0.91, syntactic_margin=0.11, min_arcs=19)
+    labels, _ = _site_heads("enc-self", "qk", m, s, strict)
+    assert labels[0][0] == "other" and labels[0][5] == "positional"
+    assert labels[0][7] == "syntactic"  # obj now counted
