@@ -24,7 +24,8 @@ USAGE = ("heads-lab bench [--quick] [--depth] [--profile {train,greedy,beam}] [-
 def main(args: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="heads-lab bench", usage=USAGE, description=__doc__)
     parser.add_argument("overrides", nargs="*", help="model settings, e.g. model.d_model=512")
-    parser.add_argument("--steps", type=int, default=10, help="measured steps per variant (≥ 10)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="measured steps per variant (10, ≥ 10) or, with --depth, per point (5)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="fewer variants, no peak memory")
     parser.add_argument("--depth", action="store_true", help="Liu et al. shallow vs deep curves")
@@ -57,14 +58,18 @@ def main(args: list[str]) -> int:
         from heads_lab.bench import profile  # lazy: start-up time (torch)
 
         work, precision = _workload(opts)
-        result = profile.run(model, work, precision, opts.profile, steps=min(opts.steps, 5),
+        steps = min(10 if opts.steps is None else opts.steps, 5)
+        result = profile.run(model, work, precision, opts.profile, steps=steps,
                              warmup=opts.warmup, rows=opts.rows, trace=Path(opts.trace))
         console.print(_profile_table(result))
         console.print(f"trace: {opts.trace} (chrome://tracing or ui.perfetto.dev)")
     elif opts.depth:
         from heads_lab.bench import depth  # lazy: start-up time (torch)
 
-        result = depth.run(model, log=console.print)
+        if opts.device not in ("auto", "cpu") or opts.precision == "bf16":
+            raise ConfigError("--depth measures fp32 on the CPU only: drop --device and "
+                              "--precision (or run the speed table without --depth)")
+        result = depth.run(model, steps=5 if opts.steps is None else opts.steps, log=console.print)
         depth.plot(result, Path(opts.png))
         console.print(_depth_table(result))
         console.print(f"plot: {opts.png}")
@@ -72,7 +77,8 @@ def main(args: list[str]) -> int:
         from heads_lab.bench import suite  # lazy: start-up time (torch)
 
         work, precision = _workload(opts)
-        result = suite.run(model, steps=opts.steps, warmup=opts.warmup, quick=opts.quick,
+        steps = 10 if opts.steps is None else opts.steps
+        result = suite.run(model, steps=steps, warmup=opts.warmup, quick=opts.quick,
                            peak=not opts.quick, log=console.print, work=work, precision=precision,
                            compile=opts.compile, decode=not opts.no_decode)
         console.print(_table(result))
@@ -184,7 +190,8 @@ def _depth_table(result: dict):
     # lazy: start-up time (rich), kept out of the bench's peak-RSS child processes
     from rich.table import Table
 
-    table = Table(title="shallow multi-head vs deep single-head (fp32)", title_justify="left")
+    table = Table(title="shallow multi-head vs deep single-head (fp32; MB: each point's training "
+                  "peak above its process's start)", title_justify="left")
     for col in ("axis", "value", "shallow tok/s", "deep tok/s", "deep/shallow", "shallow MB",
                 "deep MB"):
         table.add_column(col, justify="right")

@@ -4,7 +4,10 @@ A shallow multi-head model (L layers of h heads, head_dim d/h, FFN d_ff) and the
 model that splits each of its layers into h single-head layers (L·h layers of one head of the same
 head_dim, FFN d_ff/h) attend with the same number of heads and have the same parameters and FLOPs
 (up to the extra LayerNorms). What differs is depth: tokens/s and memory as batch size and
-sentence length grow, each point measured in a process of its own, plotted to a PNG."""
+sentence length grow, each point measured in a process of its own (fp32, on the CPU), plotted to a
+PNG. Memory is the training's own: the process's peak resident memory above what it held once
+torch was imported, before the model was built (it still counts the runtime's first allocations,
+about 100 MB on a CPU and the same for both models)."""
 
 from __future__ import annotations
 
@@ -34,8 +37,26 @@ def pair(shallow: ModelConfig) -> tuple[ModelConfig, ModelConfig]:
     return shallow, deep
 
 
+def _status(key: str) -> float:
+    """A /proc/self/status memory line (VmRSS, VmHWM) in MB."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) / 1024 for line in f if line.startswith(key + ":"))
+
+
+def _reset_peak() -> None:
+    """Start VmHWM again from the current resident set (Linux ≥ 4.0: clear_refs 5); where that
+    is refused the peak keeps torch's import, which the baseline then takes off only roughly."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
 def _point(model: dict, work: dict, steps: int, out) -> None:
     cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), model))
+    _reset_peak()
+    start = _status("VmRSS")
     w = Workload(**work)
     torch.manual_seed(0)
     net = Transformer(cfg, w.vocab).train()
@@ -47,13 +68,12 @@ def _point(model: dict, work: dict, steps: int, out) -> None:
         train_step(net, opt, "fp32", *tensors)
         if i >= 2:
             times.append(time.perf_counter() - started)
-    with open("/proc/self/status") as f:
-        peak = next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM:"))
-    out.put((w.batch * w.length / statistics.median(times), peak))
+    out.put((w.batch * w.length / statistics.median(times), _status("VmHWM") - start))
 
 
 def measure(cfg: ModelConfig, work: Workload, steps: int) -> tuple[float, float]:
-    """(tokens/s, peak MB) of a fresh process training `cfg` on `work`."""
+    """(tokens/s, peak MB above the process's start) of a fresh process training `cfg` on
+    `work`; RuntimeError where that process fails."""
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     spec = dataclasses.asdict(cfg)
@@ -61,7 +81,11 @@ def measure(cfg: ModelConfig, work: Workload, steps: int) -> tuple[float, float]
     proc = ctx.Process(target=_point, args=(spec, dataclasses.asdict(work), steps, out))
     proc.start()
     proc.join()
-    return out.get(timeout=5) if proc.exitcode == 0 else (float("nan"), float("nan"))
+    if proc.exitcode != 0:
+        raise RuntimeError(f"bench --depth: the point batch={work.batch} length={work.length} of "
+                           f"{cfg.encoder_layers}+{cfg.decoder_layers} layers × {cfg.heads} heads "
+                           f"failed in its process (exit code {proc.exitcode}; its error is above)")
+    return out.get(timeout=5)
 
 
 def run(shallow: ModelConfig, batches=(16, 32, 64, 128), lengths=(10, 20, 40, 80),
@@ -105,7 +129,7 @@ def plot(result: dict, path: Path) -> None:
         axes[1][col].set_xlabel(xlabel)
         axes[0][col].set_xscale("log", base=2)
     axes[0][0].set_ylabel("training target tokens/s")
-    axes[1][0].set_ylabel("peak memory (MB)")
+    axes[1][0].set_ylabel("training's peak memory (MB)")
     axes[0][0].legend(fontsize=8)
     fig.suptitle("Liu et al. 2021: same heads and parameters, shallow vs deep (fp32, CPU)")
     fig.tight_layout()

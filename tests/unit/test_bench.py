@@ -161,3 +161,47 @@ def test_bench_profile_writes_a_trace_and_the_operators_that_take_the_step(tmp_p
     names = {e.get("name") for e in json.loads(trace.read_text())["traceEvents"]}
     assert all(r["name"] in names for r in result["rows"])
     assert ("aten::mm" in names or "aten::addmm" in names) and f"{what} 0" in names
+
+
+@pytest.mark.slow  # a process per point: `make test-slow` (CI runs it)
+def test_bench_depth_measures_each_point_in_its_own_process_and_plots_it(tmp_path):
+    """--depth's curves: each model at each point measured in a fresh process (finite tokens/s,
+    and memory that is the training's own, not the ~300 MB of importing torch), then the PNG."""
+    import matplotlib.image
+
+    from heads_lab.bench import depth
+
+    small = ModelConfig(d_model=32, heads=4, d_ff=64, encoder_layers=1, decoder_layers=1)
+    result = depth.run(small, batches=(2,), lengths=(4,), steps=1, log=lambda *_: None)
+    assert result["params"]["deep"] == pytest.approx(result["params"]["shallow"], rel=0.05)
+    assert result["models"]["deep"]["encoder_layers"] == 4 and result["models"]["deep"]["heads"] == 1
+    points = {(p["axis"], p["value"], p["model"]): p for p in result["points"]}
+    assert set(points) == {(a, v, m) for a, v in (("batch", 2), ("length", 4))
+                           for m in ("shallow", "deep")}
+    for p in points.values():
+        assert 0 < p["tokens_per_s"] < float("inf")
+        # ~100 MB here (the runtime's first allocations, the same for any model); the whole
+        # process's peak, torch's import in it, is above 300 MB
+        assert 0 <= p["peak_mb"] < 200, p
+    depth.plot(result, tmp_path / "depth.png")
+    assert matplotlib.image.imread(tmp_path / "depth.png").shape[:2] == (840, 1200)
+
+
+@pytest.mark.slow  # spawns a process
+def test_bench_depth_names_a_point_whose_process_failed():
+    from heads_lab.bench import depth
+    from heads_lab.bench.measure import Workload
+
+    broken = ModelConfig(d_model=32, heads=4, d_ff=-4, encoder_layers=1, decoder_layers=1)
+    with pytest.raises(RuntimeError, match=r"the point batch=2 length=4 of 1\+1 layers × 4 heads "
+                                           r"failed in its process \(exit code 1"):
+        depth.measure(broken, Workload(batch=2, length=4), 1)
+
+
+def test_bench_depth_refuses_a_device_or_precision_it_does_not_measure():
+    from heads_lab.bench import main
+    from heads_lab.errors import ConfigError
+
+    for flags in (["--device", "cuda"], ["--precision", "bf16"]):
+        with pytest.raises(ConfigError, match="--depth measures fp32 on the CPU only"):
+            main(["--depth", *flags])
