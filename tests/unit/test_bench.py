@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -30,6 +31,49 @@ def test_torch_baseline_trains_and_decodes_like_our_model():
     base = TorchTransformer(SMALL, 50)
     ours = sum(p.numel() for p in Transformer(SMALL, 50).parameters())
     assert sum(p.numel() for p in base.parameters()) == ours  # same dims, same parameter count
+
+
+def _their_name(ours: str) -> str:
+    """torch.nn.Transformer's name for a parameter of heads-lab's model (pre-norm, mha)."""
+    if ours == "embed.weight":
+        return ours
+    for side in ("encoder", "decoder"):
+        if ours.startswith(f"{side}_norm."):
+            return f"core.{side}.norm." + ours.split(".", 1)[1]
+    side, layer, rest = ours.split(".", 2)
+    renames = {"self_attn.in_proj.": "self_attn.in_proj_", "cross_attn.in_proj.":
+               "multihead_attn.in_proj_", "cross_attn.": "multihead_attn.", "ffn.fc1": "linear1",
+               "ffn.fc2": "linear2", "res_self.norm": "norm1",
+               "res_cross.norm": "norm2", "res_ffn.norm": "norm2" if side == "encoder" else "norm3"}
+    for a, b in renames.items():
+        if rest.startswith(a):
+            rest = b + rest[len(a):]
+            break
+    return f"core.{side}.layers.{layer}.{rest}"
+
+
+def test_torch_baseline_computes_our_models_function():
+    """The bench's baseline is the same network as heads-lab's model, built from torch's own
+    modules: with our weights copied in, it gives our logits (float64, padded batch, 2+2 layers)
+    to 1e-12. Scaled embeddings, sinusoid positions, pre-norm, masks and the tied output layer
+    all enter the logits."""
+    cfg = dataclasses.replace(SMALL, encoder_layers=2, decoder_layers=2)
+    torch.manual_seed(0)
+    ours = Transformer(cfg, 50).double().eval()
+    base = TorchTransformer(cfg, 50).double().eval()
+    theirs = dict(base.named_parameters())
+    with torch.no_grad():
+        for name, weight in ours.named_parameters():
+            theirs.pop(_their_name(name)).copy_(weight)
+    assert not theirs  # every parameter of the baseline came from ours
+    src = torch.tensor([[5, 6, 7, 8, 2], [9, 10, 2, 0, 0]])
+    tgt = torch.tensor([[1, 11, 12, 13], [1, 14, 15, 0]])
+    with torch.no_grad():
+        want = ours.logits(ours.decode(tgt, ours.encode(src)))
+        got = base.logits(base.decode(tgt, base.encode(src)))
+    real = tgt != 0  # a padded position's output is nobody's
+    torch.testing.assert_close(got[real], want[real], rtol=0, atol=1e-12)
+    assert (got[real] - want[real]).abs().max() < 1e-12 < want[real].abs().max()
 
 
 class _Clock:
