@@ -624,13 +624,37 @@ def test_an_explicit_bf16_sweep_stops_once_before_its_first_job_without_native_b
 
 
 def test_multi_query_trains_and_reports_costs(tmp_path):
+    """model.kv_heads=1 reaches the model: its checkpoint holds one key/value head per layer,
+    cost/params is that model's own count and the cost account's for it, below multi-head's."""
+    from omegaconf import OmegaConf
+
+    from heads_lab.config.cost import Lengths, account
+    from heads_lab.config.schemas import ModelConfig
+    from heads_lab.training.checkpoint import load
+
     proc = heads_lab("train", *TINY, "model.kv_heads=1", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     (found,) = _results(tmp_path / "outputs")
-    m = json.loads(found.read_text())["metrics"]
+    result = json.loads(found.read_text())
+    m, model = result["metrics"], result["config"]["model"]
+    assert model["kv_heads"] == 1
     for key in ("cost/params", "cost/flops_per_token", "cost/decode_flops_per_token",
                 "cost/peak_mem_mb", "cost/train_gflops_per_s", "train/tokens_per_s"):
         assert math.isfinite(m[key]) and m[key] > 0, key
+    (ckpt,) = sorted((found.parent / "checkpoints").glob("best.pt"))
+    weights = load(ckpt)["model"]
+    assert m["cost/params"] == sum(w.numel() for w in weights.values())
+    d, d_head = model["d_model"], model["d_model"] // model["heads"]
+    proj = next(w for k, w in weights.items() if k.endswith("encoder.0.self_attn.in_proj.weight"))
+    assert proj.shape == (d + 2 * d_head, d)  # heads queries, one key head, one value head
+    def config(**over):  # the run's model config, its enums typed again
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), model, over))
+
+    mqa, mha = config(), config(kv_heads=None)
+    vocab = weights["embed.weight"].shape[0]
+    lengths = Lengths(20, 20)
+    assert account(mqa, vocab, lengths)["params"]["total"] == m["cost/params"] < \
+        account(mha, vocab, lengths)["params"]["total"]
 
 
 def test_info_prints_the_account_without_data_or_training(tmp_path):
