@@ -48,10 +48,14 @@ def test_beam_of_one_without_length_penalty_is_greedy():
     assert beam_search(model, src, 1, 0.0, 12) == greedy(model, src, 12)
 
 
-def test_outputs_respect_the_length_limit():
+def test_outputs_stop_at_the_length_limit():
+    """This model ends no row on its own within 12 tokens, so the limit alone sets the length:
+    max_len − 1 tokens, the last place kept for EOS (a limit off by one either way fails)."""
     model, src = _model(), _src()
-    for out in beam_search(model, src, 3, 0.6, 4) + greedy(model, src, 4):
-        assert len(out) <= 3  # the 4th token is always EOS
+    for limit in (4, 12):
+        lengths = [len(out) for out in beam_search(model, src, 3, 0.6, limit) +
+                   greedy(model, src, limit)]
+        assert lengths == [limit - 1] * 2 * len(src), limit
 
 
 @torch.no_grad()
