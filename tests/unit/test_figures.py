@@ -75,10 +75,21 @@ def test_metric_grids_refuses_ragged_layers_and_unknown_sites(tmp_path):
         figures.metric_grids({"confidence": {"encoder": [[0.1]]}}, tmp_path)
 
 
-def test_many_heads_draw_without_cell_values(tmp_path):
+def test_many_heads_draw_without_cell_values(tmp_path, monkeypatch):
+    """Cell values are written up to ANNOTATE_HEADS (16) heads a panel, one text per cell, and
+    left out above it, where they would not fit."""
+    import matplotlib.pyplot as plt
+
+    kept = []
+    monkeypatch.setattr(plt, "close", kept.append)  # keep the figures to read their axes back
     rng = np.random.default_rng(1)
-    (path,) = figures.metric_grids({"importance": {"enc-self": grid(rng, 3, 32)}}, tmp_path)
-    read_png(path)
+    for heads in (16, 32):
+        (path,) = figures.metric_grids({"importance": {"enc-self": grid(rng, 3, heads)}},
+                                       tmp_path / str(heads))
+        read_png(path)
+    few, many = (fig.axes[0] for fig in kept)
+    assert len(few.texts) == 3 * 16 and few.texts[0].get_text() != ""
+    assert len(many.texts) == 0
 
 
 def test_function_map_colours_each_role_and_skips_absent_sites(tmp_path):
