@@ -180,3 +180,60 @@ def test_info_counts_parameters_and_flops_like_the_library(tiny):
         with FlopCounterMode(display=False) as counter, torch.no_grad():
             pre.model(**kwargs)
         assert row["flops_per_token"] == counter.get_total_flops() / 20
+
+
+@pytest.mark.parametrize("family", ["marian", "bert"])
+def test_pruning_metric_is_the_task_metric_computed_by_hand(tiny, family):
+    """prune's metric against the library and sacrebleu: BERT's masked-LM loss and top-1
+    accuracy over the masked tokens only (the same fixed tokens every call), Marian's loss per
+    reference token and BLEU of its own beam-search translations, in order across batches (refs
+    that are those translations score 100)."""
+    import sacrebleu
+    import torch.nn.functional as F
+
+    from heads_lab.hf.prune import evaluate
+
+    pre = load(f"hf:{tiny[family]}")
+    src, tgt = _inputs(pre)
+    src, tgt = src * 2, (tgt * 2 if tgt else None)  # six sentences: three batches of two
+    key = ("dec-enc", 1) if pre.family.seq2seq else ("enc-self", 0)
+    b = hf_heads.batch(pre, src, tgt, mlm=not pre.family.seq2seq)
+    labels = b.kwargs["labels"]
+    if not pre.family.seq2seq:
+        again = hf_heads.batch(pre, src, None, mlm=True).kwargs
+        assert torch.equal(again["labels"], labels) and torch.equal(again["input_ids"],
+                                                                     b.kwargs["input_ids"])
+    with torch.no_grad(), hf_heads.masked(pre, {key: [1]}):
+        logits = pre.model(**b.kwargs).logits
+    real = labels != -100
+    want = F.cross_entropy(logits[real], labels[real], reduction="mean").item()
+    if pre.family.seq2seq:
+        generate, made = pre.model.generate, []
+
+        def recorded(**kwargs):  # the library's own beam search, its outputs kept
+            assert kwargs["num_beams"] == 2
+            out = generate(**kwargs)
+            made.extend(pre.tokens.decode(out.tolist()))
+            return out
+
+        pre.model.generate = recorded
+        refs = [EN[i % 3] for i in range(len(src))]
+        row = evaluate(pre, src, tgt, refs, {key: [1]}, beam=2, batch_size=2)
+        hyps = list(made)
+        assert len(hyps) == len(src)
+        assert row["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score, abs=1e-9)
+        assert row["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hyps, [refs]).score, abs=1e-9)
+        assert row["bleu"] < 100.0
+        same = evaluate(pre, src, tgt, hyps, {key: [1]}, beam=2, batch_size=2)
+        assert same["bleu"] == pytest.approx(100.0)  # each translation against its own sentence
+    else:
+        row = evaluate(pre, src, None, None, {key: [1]}, beam=1, batch_size=len(src))
+        hits = (logits.argmax(-1) == labels)[real]
+        assert row["accuracy"] == pytest.approx(hits.float().mean().item(), abs=1e-12)
+    assert row["tokens"] == int(real.sum())
+    assert row["loss"] == pytest.approx(want, rel=1e-5)
+    assert row["ppl"] == pytest.approx(math.exp(want), rel=1e-5)
+    with torch.no_grad():
+        plain = pre.model(**b.kwargs).logits
+    unmasked = F.cross_entropy(plain[real], labels[real], reduction="mean").item()
+    assert abs(unmasked - want) > 1e-5  # the mask took effect (a random model: a small one)
