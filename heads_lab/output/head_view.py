@@ -99,9 +99,27 @@ def bertviz_head_view(attention: Mapping[str, Any], src_tokens: Sequence[str],
                              cross_attention=layers("dec-enc"),
                              encoder_tokens=list(src_tokens), decoder_tokens=list(tgt_tokens),
                              include_layers=list(range(depth)), html_action="return")
-    body = getattr(view, "data", view)
+    body = _script_safe(getattr(view, "data", view))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text('<!DOCTYPE html>\n<html><head><meta charset="utf-8"></head><body>\n'
                     f"{body}\n</body></html>\n", encoding="utf-8")
     return path
+
+
+def _script_safe(body: str) -> str:
+    """BertViz writes its data into a <script> as plain JSON (`params = {...}`), so a token
+    holding "</script>" would end the script there. Each such JSON object is rewritten with
+    "</" as "<\\/", the same string to JavaScript."""
+    out, at = [], 0
+    for found in re.finditer(r"params = ", body):
+        start = found.end()
+        if start < at:
+            continue
+        try:
+            _, end = json.JSONDecoder().raw_decode(body, start)
+        except ValueError:
+            continue
+        out += [body[at:start], body[start:end].replace("</", "<\\/")]
+        at = end
+    return "".join(out) + body[at:]

@@ -231,6 +231,31 @@ def test_bertviz_head_view_is_none_without_bertviz(tmp_path, monkeypatch):
     assert not (tmp_path / "bv.html").exists()
 
 
+def test_bertviz_head_view_with_the_real_library(tmp_path):
+    """BertViz itself (the bertviz extra; make test installs it): its page holds our three
+    sites' weights per layer and head, and our tokens, one of which is "</script>", inside its
+    data block, which the page's scripts do not end early."""
+    pytest.importorskip("bertviz", reason="the bertviz extra: pip install 'heads-lab[bertviz]' "
+                        "(make test installs it)")
+    rng = np.random.default_rng(9)
+    att = {"enc-self": attention(rng, 2, 3, len(SRC), len(SRC)),
+           "dec-self": attention(rng, 2, 3, len(TGT), len(TGT)),
+           "dec-enc": attention(rng, 2, 3, len(TGT), len(SRC))}
+    text = figures.bertviz_head_view(att, SRC, TGT, tmp_path / "bv.html").read_text(
+        encoding="utf-8")
+    blocks = re.findall(r"<script\b[^>]*>(.*?)</script>", text, re.S)
+    (data,) = [b for b in blocks if "params = " in b]
+    start = data.index("params = ") + len("params = ")
+    params, _ = json.JSONDecoder().raw_decode(data, start)  # whole inside its own script
+    sets = {s["name"]: s for s in params["attention"]}
+    assert set(sets) == {"Encoder", "Decoder", "Cross"} and params["include_layers"] == [0, 1]
+    for name, site in (("Encoder", "enc-self"), ("Decoder", "dec-self"), ("Cross", "dec-enc")):
+        np.testing.assert_allclose(np.array(sets[name]["attn"]), att[site], rtol=1e-6)
+    assert [t.strip() for t in sets["Encoder"]["left_text"]] == [
+        s.replace("▁", "") for s in SRC]
+    assert "</script>" in sets["Encoder"]["left_text"]
+
+
 def test_bertviz_head_view_passes_per_layer_tensors(tmp_path, monkeypatch):
     pytest.importorskip("torch")
     calls = []
