@@ -39,7 +39,7 @@ from heads_lab.output.files import write_json
 from heads_lab.output.trackers import RUN_FILES, check_installed
 from heads_lab.training import stops
 
-RERUN: list[str] = []
+RERUN_ENV = "HEADS_LAB_RERUN"  # --rerun, for this process and launchers' worker processes
 SWEEP_KEYS_ENV = "HEADS_LAB_SWEEP_KEYS"
 FAILED_JOBS: list[str] = []
 FIXED_OVERRIDES: set[str] = set()  # a sweep's overrides that every job shares
@@ -177,7 +177,7 @@ def finished_job(run_dir: Path, hydra_cfg) -> float | None:
     done = run_dir / "results.json"
     if not done.is_file():
         return None
-    if RERUN:  # keep the earlier results: move them into previous-<time>/ in the run dir
+    if os.environ.get(RERUN_ENV) == "1":  # keep the earlier results: into previous-<time>/
         aside = run_dir / f"previous-{time.strftime('%Y%m%d-%H%M%S')}"
         aside.mkdir()
         for item in run_dir.iterdir():
@@ -342,10 +342,13 @@ class CountFailures(Callback):
 
 def prepare(overrides: list[str]) -> list[str]:
     """Before Hydra starts: read --rerun, refuse a finished run dir, check the dirs are
-    writable and every sweep job composes; the settings a sweep varies go to the environment
-    (SWEEP_KEYS_ENV), where launchers' worker processes see them (they name each job's tracker run,
-    h=8,seed=2). Returns the overrides for Hydra."""
-    RERUN[:] = ["--rerun"] if "--rerun" in overrides else []
+    writable and every sweep job composes; --rerun (RERUN_ENV) and the settings a sweep varies
+    (SWEEP_KEYS_ENV) go to the environment, where launchers' worker processes see them (the keys
+    name each job's tracker run, h=8,seed=2). Returns the overrides for Hydra."""
+    if "--rerun" in overrides:
+        os.environ[RERUN_ENV] = "1"
+    else:
+        os.environ.pop(RERUN_ENV, None)
     overrides = [o for o in overrides if o != "--rerun"]
     check_parses(overrides)
     refuse_finished_run_dir(overrides)  # a sweep may hold its own finished jobs (skipped)

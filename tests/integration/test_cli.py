@@ -252,22 +252,30 @@ def test_a_quoted_run_dir_is_used_as_written(tmp_path):
 
 
 @pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)
-def test_a_finished_sweep_job_is_skipped_or_rerun_with_its_results_kept(tmp_path):
-    args = ["train", "-m", *TINY, "trainer.max_steps=4", "model.heads=2", "logger=tensorboard",
-            f"hydra.sweep.dir={tmp_path / 's'}"]
+@pytest.mark.parametrize("launcher", [[], ["hydra/launcher=local", "hydra.launcher.n_jobs=2",
+                                          "trainer.threads=1"]], ids=["basic", "local"])
+def test_a_finished_sweep_job_is_skipped_or_rerun_with_its_results_kept(tmp_path, launcher):
+    """--rerun reaches the jobs in launchers' worker processes too (hydra/launcher=local: two
+    jobs, two joblib workers)."""
+    args = ["train", "-m", *TINY, "trainer.max_steps=4", "model.heads=2,4", "logger=tensorboard",
+            f"hydra.sweep.dir={tmp_path / 's'}", *launcher]
     assert heads_lab(*args, cwd=tmp_path).returncode == 0
-    (done,) = (tmp_path / "s").rglob("results.json")
-    first = done.read_bytes()
+    done = sorted((tmp_path / "s").rglob("results.json"))
+    first = [d.read_bytes() for d in done]
+    assert len(done) == 2
     again = heads_lab(*args, cwd=tmp_path)
-    assert again.returncode == 0 and "already complete: skipped" in again.stderr
-    assert done.read_bytes() == first
+    assert again.returncode == 0
+    assert [d.read_bytes() for d in done] == first
     rerun = heads_lab(*args, "--rerun", cwd=tmp_path)
     assert rerun.returncode == 0, rerun.stderr
-    (kept,) = done.parent.glob("previous-*/results.json")
-    assert kept.read_bytes() == first and done.is_file()
-    # the trackers' files go aside too: the rerun's TensorBoard events start afresh
-    assert len(list(kept.parent.glob("tensorboard/events.*"))) == 1
-    assert len(list(done.parent.glob("tensorboard/events.*"))) == 1
+    for d, before in zip(done, first):
+        (kept,) = d.parent.glob("previous-*/results.json")
+        assert kept.read_bytes() == before and d.is_file() and d.read_bytes() != before
+        # the trackers' files go aside too: the rerun's TensorBoard events start afresh
+        assert len(list(kept.parent.glob("tensorboard/events.*"))) == 1
+        assert len(list(d.parent.glob("tensorboard/events.*"))) == 1
+    if not launcher:  # the basic launcher's jobs print into this process's stderr
+        assert again.stderr.count("already complete: skipped") == 2
 
 
 def _wandb_read(path: Path, *flags: str):
