@@ -13,6 +13,9 @@ evaluated. `-m prune.l0_lambda=0.01,0.05,0.1` runs one job per λ and prints the
 (heads kept per attention type vs BLEU, as Voita's table). Gates from scratch: `heads-lab train
 prune.l0_lambda=...` (and `heads-lab report` shows the heads kept).
 
+Attention whose heads cannot go one by one (grouped-query, talking heads) has its pruned heads
+masked instead (outputs zeroed; prune.json's heads_pruned_by says which), params unchanged.
+
 Everything goes to <run dir>/prune/<time>_<overrides>/: prune.json, prune.md, prune.csv, the
 curve PNG (importance), results.json + hyps/refs (gates; `heads-lab report <run dir>/prune`
 reads them).
@@ -32,6 +35,7 @@ from rich.table import Table
 from heads_lab.commands import runs
 from heads_lab.commands.runs import Command
 from heads_lab.config.sites import KEPT_COLUMNS, SITES
+from heads_lab.config.variants import variant
 from heads_lab.errors import ConfigError
 from heads_lab.hf import is_hf
 from heads_lab.output.files import write_json, write_lines
@@ -73,15 +77,23 @@ def prune_run(run_dir: Path, overrides: list[str]) -> dict[str, Any]:
     if p.method == "gates" and p.l0_lambda == 0:
         log.warning("method=gates with prune.l0_lambda=0: gates fine-tuned without the L0 "
                     "penalty (the control run for a λ sweep)")
+    remove = all(variant(run.model, s).removable(run.model)
+                 for s in (SITES if p.method == "gates" else p.sites))
+    if not remove:
+        kind = getattr(run.model.attention, "value", run.model.attention)
+        console.print(f"{kind} attention (model.kv_heads={run.model.kv_heads}) cannot lose "
+                      "heads one by one: pruned heads are masked (their outputs zeroed), not "
+                      "removed; params and speed stay the full model's")
     # what tells prune dirs apart comes first
     out = runs.output_dir(run_dir, "prune", overrides, first=("prune.method=", "prune.l0_lambda="))
     eval_split = _head(corpus.splits[p.eval_split], p.eval_sentences)
     if p.method == "importance":
-        result = importance_curves(run, model, corpus, eval_split, device, out)
+        result = importance_curves(run, model, corpus, eval_split, device, out, remove)
     else:
-        result = gates_from_trained(run, t.config, model, corpus, eval_split, device, out)
-    result.update({"run_dir": str(run_dir), "checkpoint": t.checkpoints[0],
-                   "overrides": overrides, "precision": str(run.trainer.precision)})
+        result = gates_from_trained(run, t.config, model, corpus, eval_split, device, out, remove)
+    result.update({"heads_pruned_by": "removal" if remove else "mask", "run_dir": str(run_dir),
+                   "checkpoint": t.checkpoints[0], "overrides": overrides,
+                   "precision": str(run.trainer.precision)})
     write_json(out / "prune.json", result)
     console.print(f"prune: {out / 'prune.json'}")
     return result
@@ -128,20 +140,37 @@ def evaluate(model, split, corpus, run, device) -> dict[str, float]:
             "bleu_signature": s["bleu_signature"]}
 
 
-def _point(base, masked, split, corpus, run, device) -> dict[str, Any]:
-    from heads_lab.model.heads import count_heads, format_heads, remove_heads  # lazy: start-up time (torch)
+def _point(base, masked, split, corpus, run, device, remove: bool = True) -> dict[str, Any]:
+    """The model with `masked` heads removed for real (the numbers are the smaller model's), or
+    where its attention cannot lose heads one by one (remove=False) with their outputs zeroed."""
+    from heads_lab.model import heads  # lazy: start-up time (torch)
 
-    pruned = copy.deepcopy(base)
-    remove_heads(pruned, masked)  # for real: the numbers below are the smaller model's
-    ev = evaluate(pruned, split, corpus, run, device)
-    kept = count_heads(pruned)
+    if remove:
+        pruned = copy.deepcopy(base)
+        heads.remove_heads(pruned, masked)
+        ev = evaluate(pruned, split, corpus, run, device)
+        kept = heads.count_heads(pruned)
+    else:
+        pruned = base
+        with heads.masked(base, masked):
+            ev = evaluate(base, split, corpus, run, device)
+        kept = _kept(heads.count_heads(base), masked)
     return {"pruned_heads": sum(len(v) for v in masked.values()), "kept": kept,
             "params": sum(p.numel() for p in pruned.parameters()),
             "bleu": ev["bleu"], "chrf": ev["chrf"], "ppl": ev["ppl"], "decode_s": ev["decode_s"],
-            "forward_tok_s": ev["forward_tok_s"], "masked": format_heads(masked)}
+            "forward_tok_s": ev["forward_tok_s"], "masked": heads.format_heads(masked)}
 
 
-def importance_curves(run, model, corpus, eval_split, device, out: Path) -> dict[str, Any]:
+def _kept(total: dict[str, int], gone) -> dict[str, int]:
+    """Heads per site once `gone` ({(site, layer): heads}) are masked."""
+    kept = dict(total)
+    for (site, _), heads in gone.items():
+        kept[site] -= len(heads)
+    return kept
+
+
+def importance_curves(run, model, corpus, eval_split, device, out: Path,
+                      remove: bool = True) -> dict[str, Any]:
     from heads_lab.analysis import head_importance, least_important  # lazy: start-up time (torch)
     from heads_lab.model.heads import count_heads  # lazy: start-up time (torch)
 
@@ -149,7 +178,7 @@ def importance_curves(run, model, corpus, eval_split, device, out: Path) -> dict
     imp_split = _head(corpus.splits[p.split], p.eval_sentences)
     scopes = [[s] for s in p.sites] + ([list(p.sites)] if len(p.sites) > 1 else [])
     total = count_heads(model)
-    start = _point(model, {}, eval_split, corpus, run, device)
+    start = _point(model, {}, eval_split, corpus, run, device, remove)
     curves = {}
     for scope in scopes:
         name = "+".join(scope) if len(scope) > 1 else scope[0]
@@ -163,7 +192,7 @@ def importance_curves(run, model, corpus, eval_split, device, out: Path) -> dict
             for site, layer, h in least_important(importance, masked, per_step):
                 masked.setdefault((site, layer), []).append(h)
             n = sum(len(v) for v in masked.values())
-            row = _point(model, masked, eval_split, corpus, run, device)
+            row = _point(model, masked, eval_split, corpus, run, device, remove)
             rows.append({**row, "fraction": n / in_scope})
             console.print(f"importance pruning {name}: {n}/{in_scope} heads pruned → "
                           f"BLEU {row['bleu']:.2f}, PPL {row['ppl']:.2f}")
@@ -171,7 +200,8 @@ def importance_curves(run, model, corpus, eval_split, device, out: Path) -> dict
     table = curve_table(curves)
     _write_tables(out, table)
     png = plot_curves(curves, out / "prune_importance.png", p.eval_split)
-    show(to_rich(table, "importance pruning (Michel et al. 2019): heads removed for real"))
+    show(to_rich(table, "importance pruning (Michel et al. 2019): heads "
+                        + ("removed for real" if remove else "masked")))
     return {"method": "importance", "eval_split": p.eval_split,
             "eval_sentences": len(eval_split), "step": p.step, "curves": curves,
             "files": ["prune.md", "prune.csv", png.name]}
@@ -201,7 +231,8 @@ def gate_table(results: list[dict]):
     return table
 
 
-def gates_from_trained(run, config, model, corpus, eval_split, device, out: Path) -> dict:
+def gates_from_trained(run, config, model, corpus, eval_split, device, out: Path,
+                       remove: bool = True) -> dict:
     # lazy: start-up time (torch)
     from heads_lab.model.heads import count_heads, fold_gates, format_heads, install_gates, remove_heads
     from heads_lab.training.loop import train  # lazy: start-up time (torch)
@@ -229,9 +260,10 @@ def gates_from_trained(run, config, model, corpus, eval_split, device, out: Path
     train_s = time.perf_counter() - started
     closed = fold_gates(model)  # kept heads × their test-time gate (p.gate_eval), gates off
     total = count_heads(model)
-    remove_heads(model, closed)
-    after = evaluate(model, eval_split, corpus, run, device)
-    kept = count_heads(model)
+    if remove:
+        remove_heads(model, closed)
+    after = evaluate(model, eval_split, corpus, run, device)  # closed heads' columns are zero
+    kept = count_heads(model) if remove else _kept(total, closed)
     result = {"method": "gates", "l0_lambda": p.l0_lambda, "steps": p.steps, "lr": tcfg.lr,
               "gate_lr": p.gate_lr, "gate_eval": p.gate_eval, "init_keep": p.init_keep,
               "train_s": train_s, "heads": total, "kept": kept,
@@ -262,7 +294,7 @@ def gates_from_trained(run, config, model, corpus, eval_split, device, out: Path
                        f"{after['decode_s']:.2f}", f"{before['decode_s']:.2f}"]]}
     _write_tables(out, table)
     show(to_rich(table, f"Hard Concrete gates from the trained model ({p.gate_eval} rule): the "
-                        "closed heads removed for real"))
+                        "closed heads " + ("removed for real" if remove else "masked")))
     result["files"] = ["prune.md", "prune.csv", "results.json", f"hyps.{split}.txt"]
     return result
 

@@ -270,6 +270,44 @@ def test_prune_with_gates_and_eval_with_a_head_mask(trained):
 
 
 @pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)
+def test_prune_masks_the_heads_of_attention_that_cannot_lose_them(tmp_path):
+    """Multi-query attention (one key/value head) cannot lose a query head alone: both methods
+    mask the pruned heads instead, the model keeps its parameters, and a masked point is what
+    `heads-lab eval` with those heads masked computes."""
+    proc = heads_lab("train", *SMALL, "model.kv_heads=1", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    (results,) = _results(tmp_path / "outputs")
+    run = results.parent
+    proc = heads_lab("prune", str(run), "method=importance", "prune.step=0.5",
+                     "prune.sites=[enc-self]", "prune.eval_sentences=40", cwd=run)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert "masked (their outputs zeroed), not removed" in " ".join(proc.stdout.split())
+    (out,) = (run / "prune").iterdir()
+    result = json.loads((out / "prune.json").read_text())
+    assert result["heads_pruned_by"] == "mask"
+    rows = result["curves"]["enc-self"]
+    assert [r["kept"]["enc-self"] for r in rows] == [8, 4, 0]
+    assert len({r["params"] for r in rows}) == 1  # masked, not removed
+    half = rows[1]
+    proc = heads_lab("eval", str(run), f"eval.head_mask='{half['masked']}'", cwd=run)
+    assert proc.returncode == 0, proc.stderr
+    (done,) = (run / "evals").glob("*/eval.json")
+    metrics = json.loads(done.read_text())["metrics"]
+    assert metrics["test/ppl"] == pytest.approx(half["ppl"], rel=1e-6)
+    assert metrics["test/bleu"] == pytest.approx(half["bleu"], abs=1e-9)
+    # gates: under the binary rule every gate starts closed (init_keep 0.5), and λ keeps them so
+    proc = heads_lab("prune", str(run), "method=gates", "prune.steps=2", "prune.init_keep=0.5",
+                     "prune.gate_eval=binary", "prune.l0_lambda=1", "prune.eval_sentences=10",
+                     cwd=run)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    (gated,) = (run / "prune").glob("*gates*/results.json")
+    summary = json.loads(gated.read_text())
+    assert json.loads((gated.parent / "prune.json").read_text())["heads_pruned_by"] == "mask"
+    assert summary["metrics"]["heads_kept/enc-self"] < 8
+    assert summary["metrics"]["cost/params"] == rows[0]["params"]
+
+
+@pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)
 def test_gates_from_scratch_report_heads_kept_and_evaluate_again(tmp_path):
     proc = heads_lab("train", *SMALL, "prune.l0_lambda=1.0", "prune.gate_lr=0.3", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr + proc.stdout
