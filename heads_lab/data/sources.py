@@ -60,12 +60,15 @@ def open_source(cfg: DataConfig) -> dict[str, SplitReader]:
 
 def preflight(cfg: DataConfig) -> None:
     """The checks of a source cheap enough to run before Hydra writes anything (a run dir, its
-    .hydra/): Tatoeba's zip found, its sha256, every line with its tab; local files found. Raises
-    DataError (or ConfigError) in one line. Other sources are checked when they are read."""
+    .hydra/): Tatoeba's zip found, its sha256, every line with its tab; local files found;
+    Multi30k's files found or its hub copy reachable. Raises DataError (or ConfigError) in one
+    line. Other sources are checked when they are read."""
     if isinstance(cfg, TatoebaDataConfig):
         _tatoeba(cfg)["train"].info()  # reads and splits the file: every line is checked
-    elif isinstance(cfg, TextFilesDataConfig) and not isinstance(cfg, Multi30kDataConfig):
-        open_source(cfg)  # every split's files exist (Multi30k may still come from the hub)
+    elif isinstance(cfg, Multi30kDataConfig):
+        _multi30k_preflight(cfg)
+    elif isinstance(cfg, TextFilesDataConfig):
+        open_source(cfg)  # every split's files exist
 
 
 # ---------------------------------------------------------------- plain-text files
@@ -163,20 +166,39 @@ def _read_tsv(path: Path, on_error: str) -> Iterator[Pair]:
 # ---------------------------------------------------------------- Multi30k
 
 
-def _multi30k(cfg: Multi30kDataConfig) -> dict[str, SplitReader]:
+def _multi30k_local(cfg: Multi30kDataConfig) -> tuple[Path | None, str, str]:
+    """(the first root holding every split's files or None, the roots tried, the files wanted);
+    where none holds them, a DataError now if the hub has no copy of these splits."""
     roots = [Path(cfg.root).expanduser()] if cfg.root else []
     env = os.environ.get("HEADS_LAB_DATA")
     if not cfg.root and env:
         roots += [Path(env).expanduser() / "multi30k", Path(env).expanduser()]
+    tried = ", ".join(str(r) for r in roots) or "none (data.root and HEADS_LAB_DATA are unset)"
+    wanted = f"{cfg.train}/{cfg.valid}/{cfg.test}.{{{cfg.src},{cfg.tgt}}}[.gz]"
     for root in roots:
         if all(_find(root, cfg.pattern.format(split=getattr(cfg, s), lang=lang))
                for s in SPLITS for lang in (cfg.src, cfg.tgt)):
-            return {s: _text_split(cfg, root, s) for s in SPLITS}
-    tried = ", ".join(str(r) for r in roots) or "none (data.root and HEADS_LAB_DATA are unset)"
-    wanted = f"{cfg.train}/{cfg.valid}/{cfg.test}.{{{cfg.src},{cfg.tgt}}}[.gz]"
+            return root, tried, wanted
     if {cfg.src, cfg.tgt} != {"de", "en"} or cfg.test != "test_2016_flickr" or cfg.valid != "val":
         raise DataError(f"Multi30k files {wanted} not found; roots tried: {tried}. Put them in "
                         "one of those dirs, or set data.root or HEADS_LAB_DATA")
+    return None, tried, wanted
+
+
+def _multi30k_preflight(cfg: Multi30kDataConfig) -> None:
+    """Multi30k's files found, or the hub that has them reachable (HF_HUB_OFFLINE: the datasets
+    cache may have them, which only loading tells)."""
+    root, tried, wanted = _multi30k_local(cfg)
+    if root is None and not os.environ.get("HF_HUB_OFFLINE") and not _hub_reachable():
+        raise DataError(f"Multi30k files {wanted} not found (roots tried: {tried}) and the "
+                        "Hugging Face hub, which has a copy, is unreachable; put the files in "
+                        "one of those dirs, or set data.root or HEADS_LAB_DATA")
+
+
+def _multi30k(cfg: Multi30kDataConfig) -> dict[str, SplitReader]:
+    root, tried, wanted = _multi30k_local(cfg)
+    if root is not None:
+        return {s: _text_split(cfg, root, s) for s in SPLITS}
     hub = HFDataConfig(name="hf", src=cfg.src, tgt=cfg.tgt, dataset=cfg.hub_dataset, column=None,
                        cleaning=cfg.cleaning)
     try:

@@ -144,3 +144,17 @@ def test_bad_input_is_one_line_exit_2_and_loses_nothing(earlier_run, tmp_path, n
     # no run dir left behind for `report` to list as "not started" (a config refused before Hydra
     # writes anything, a data error after: its .hydra/ and train.log removed)
     assert sorted((cwd / "outputs" / "runs").glob("*/*")) == [run_dir]
+
+
+def test_a_sweep_without_multi30k_stops_before_its_first_job(earlier_run, tmp_path):
+    """Multi30k neither in a data root nor reachable on the hub: the sweep's checks say so once,
+    before any job starts or any dir is made (it once ran every job into the same error)."""
+    cwd, run_dir, before = earlier_run
+    sweep = tmp_path / "sweep"
+    proc = heads_lab("train", "-m", *FAST, "data=multi30k", "model.heads=1,2",
+                     f"hydra.sweep.dir={sweep}", cwd=cwd,
+                     env={"HF_ENDPOINT": "http://127.0.0.1:9"},  # a hub that refuses at once
+                     unset=("HEADS_LAB_DATA", "HF_HUB_OFFLINE"))
+    _assert_one_line_error(proc, "sweep job model.heads=1:", "Multi30k files", "hub", "unreachable",
+                           "HEADS_LAB_DATA", "(no job was run)")
+    assert not sweep.exists() and _fingerprint(run_dir) == before
