@@ -21,10 +21,11 @@ class CheckpointError(HeadsLabError):
     """A checkpoint or run dir that cannot be read."""
 
 
-def finished_run(run_dir) -> ConfigError:
-    """Refusal to write into a dir holding a finished run's results."""
+def finished_run(run_dir, key: str = "hydra.run.dir") -> ConfigError:
+    """Refusal to write into a dir holding a finished run's results (`key`: the dir's
+    override, hydra.sweep.dir for a sweep)."""
     return ConfigError(f"{run_dir} already holds a finished run (results.json); choose another "
-                       "hydra.run.dir, or delete that dir to run again")
+                       f"{key}, or delete that dir to run again")
 
 
 def one_line(err: BaseException) -> str:

@@ -71,7 +71,7 @@ def refuse_finished_run_dir(overrides: list[str]) -> None:
             except (OSError, json.JSONDecodeError):
                 done = {}
             if done not in jobs:  # a finished job of this very sweep is skipped, not refused
-                raise finished_run(path.parent)
+                raise finished_run(path.parent, key)
 
 
 def by_key(overrides: list[str]) -> dict[str, str]:

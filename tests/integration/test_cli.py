@@ -149,7 +149,7 @@ def test_unknown_command(tmp_path):
 def test_a_finished_run_is_never_overwritten(tiny_run_dir, tmp_path):
     before = (tiny_run_dir / "results.json").read_bytes()
     proc = heads_lab("train", *TINY, f"hydra.run.dir='{tiny_run_dir}'", cwd=tmp_path)
-    _assert_one_line_error(proc, "already holds a finished run")
+    _assert_one_line_error(proc, "already holds a finished run", "choose another hydra.run.dir")
     assert (tiny_run_dir / "results.json").read_bytes() == before
 
 
@@ -209,7 +209,7 @@ def test_a_sweep_dir_holding_finished_runs_is_refused(tiny_run_dir, tmp_path):
     proc = heads_lab("train", "-m", *TINY, "model.heads=2,4",
                      f"hydra.sweep.dir={tiny_run_dir.parent}", f"hydra.sweep.subdir='{tiny_run_dir.name}'",
                      cwd=tmp_path)
-    _assert_one_line_error(proc, "already holds a finished run")
+    _assert_one_line_error(proc, "already holds a finished run", "choose another hydra.sweep.dir")
     assert {p: p.read_bytes() for p in tiny_run_dir.rglob("*") if p.is_file()} == before
 
 
