@@ -15,7 +15,7 @@ import yaml
 
 from heads_lab.config.compose import cache_dir, compose, expand_sweeps, to_dict, to_object
 from heads_lab.config.validate import validate
-from heads_lab.errors import CheckpointError, ConfigError
+from heads_lab.errors import CheckpointError, ConfigError, DataError
 
 log = logging.getLogger(__name__)
 NO_CHECKPOINTS = ("{run_dir} holds no checkpoints (checkpoints/step_*.pt); was it trained with "
@@ -173,7 +173,11 @@ def load(run_dir: Path, overrides: list[str], average_last: int | None = 1,
     if setting == "auto":  # the precision the run trained in, where it can be computed here
         precision = _read_back_precision(trained or _results_precision(run_dir), precision)
     run.trainer.precision = type(run.trainer.precision)(precision)
-    corpus = prepare(run.data, cache_dir(run.paths))
+    try:
+        corpus = prepare(run.data, cache_dir(run.paths))
+    except DataError as err:
+        raise DataError(f"{run_dir} is read back with the data it trained on (data={run.data.name}:"
+                        f" its splits, and the training side's counts for analyze): {err}") from None
     model = Transformer(run.model, len(corpus.tokenizer), corpus.tokenizer.pad)
     if any(k.startswith("gates.") for k in states[0]):
         install_gates(model, run.prune)

@@ -158,3 +158,17 @@ def test_a_sweep_without_multi30k_stops_before_its_first_job(earlier_run, tmp_pa
     _assert_one_line_error(proc, "sweep job model.heads=1:", "Multi30k files", "hub", "unreachable",
                            "HEADS_LAB_DATA", "(no job was run)")
     assert not sweep.exists() and _fingerprint(run_dir) == before
+
+
+def test_a_run_whose_data_is_gone_says_it_is_read_back_with_that_data(tmp_path):
+    """eval, analyze and prune read a run back with its corpus: when the files are gone, the one
+    line says so before naming the missing file."""
+    root = _corpus(tmp_path / "c")
+    proc = heads_lab("train", *FAST, *_local(root), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    (run,) = [p.parent for p in (tmp_path / "outputs").rglob("results.json")]
+    root.rename(tmp_path / "moved")
+    for command in ("eval", "analyze"):
+        proc = heads_lab(command, str(run), cwd=tmp_path)
+        _assert_one_line_error(proc, f"{run} is read back with the data it trained on (data=local",
+                               "train file is missing", str(root))
