@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import importlib
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -130,6 +132,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="the dir holding multi30k/ (default $HEADS_LAB_DATA); without it "
                              "the synthetic pair's text")
     opts = parser.parse_args(argv)
+    missing = []
+    for name in ("transformers", "tokenizers", "sentencepiece"):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        print(f"error: hf_tiny_models.py needs {', '.join(missing)} (the hf extra): "
+              "pip install 'heads-lab[hf]'", file=sys.stderr)
+        return 2
     for family, path in build(Path(opts.out), Path(opts.data) if opts.data else None).items():
         print(f"{family}: {path}  (heads-lab info hf:{path})")
     return 0

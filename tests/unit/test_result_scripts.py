@@ -273,3 +273,15 @@ def test_seeds_table_joins_per_seed_reports_and_pairs_each_run_with_its_own_seed
         script.main([str(report)])
     with pytest.raises(SystemExit, match="cannot read .*missing.csv"):
         script.main([str(tmp_path / "missing.csv")])
+
+
+def test_hf_tiny_models_without_the_hf_extra_is_one_line(tmp_path, monkeypatch, capsys):
+    """scripts/hf_tiny_models.py where `tokenizers` cannot be imported: one line naming it and
+    the extra that installs it, exit 2, nothing written (it was a traceback)."""
+    script = _script("hf_tiny_models")
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # import tokenizers → ImportError
+    assert script.main(["--out", str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("error: hf_tiny_models.py needs tokenizers (the hf extra): "
+                   "pip install 'heads-lab[hf]'")
+    assert not (tmp_path / "hf").exists()
