@@ -35,7 +35,9 @@ class DataConfig:
     vocab_size: int = opt(8000, "joint subword vocabulary (SentencePiece)")
     tokenizer: Tokenizer = opt(Tokenizer.bpe, "SentencePiece model type: bpe | unigram")
     max_len: int = opt(250, "subword tokens per side; longer training pairs are dropped")
-    max_train_pairs: int | None = opt(None, "keep only the first N cleaned training pairs")
+    max_train_pairs: int | None = opt(None, "keep only the first N cleaned training pairs, in "
+                                      "the file's order (Tatoeba's: shortest first; "
+                                      "data.train_fraction takes a random subset)")
     train_fraction: float = opt(1.0,
         "train on this fixed share of the training pairs, in (0, 1]: the same sentences for every "
         "seed and model (a permutation with its own fixed seed; a smaller share is a subset of "
