@@ -53,7 +53,9 @@ def one_line(err: BaseException) -> str:
         return (f"unknown config key '{key}' ({cause}){hint}; check the spelling against "
                 "`heads-lab train --cfg job`")
     if "Ambiguous value for argument" in first:
-        return f"{first} (to sweep over the values, add -m, e.g. heads-lab train -m ...)"
+        return (f"{first}: to sweep over the values, add -m (heads-lab train -m ...); a value "
+                "that holds commas itself (a head list) goes in quotes, e.g. "
+                "\"eval.head_mask='enc:0:3,dec-enc:1:*'\"")
     options = re.search(r"Could not find '([^']+)'.*?Available options in '([^']+)':\s*(.*?)"
                         r"(?:Config search path|$)", text, re.S)
     if options:

@@ -134,7 +134,7 @@ def test_same_config_and_seed_give_the_same_numbers(tiny_run_dir, tmp_path):
     (["data=hf", "data.dataset=json", "data.files.train=a.jsonl"],  # a map's new key: +
      ["unknown config key 'data.files.train'", "'data.files' is a map", "+data.files.train=a.jsonl"]),
     (["eval.bleu_tokenize=foo"], ["eval.bleu_tokenize='foo' is not a sacrebleu tokenizer"]),
-    (["model.heads=3,4"], ["Ambiguous value", "add -m"]),
+    (["model.heads=3,4"], ["Ambiguous value", "add -m", "goes in quotes"]),
     (["data.vocab_size=20", "data.train_size=300"], ["data.vocab_size=20 is smaller than"]),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, fragments):
