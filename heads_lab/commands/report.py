@@ -111,6 +111,9 @@ def main(args: list[str]) -> int:
     pngs = plot(rows, varying, split, out)
     console.print(f"report: {out / 'report.md'}, {out / 'report.csv'}, {out / 'runs.csv'}, "
                   + ", ".join(map(str, pngs)))
+    if not any(p.name == "report_valid_curves.png" for p in pngs):
+        console.print("no report_valid_curves.png: no run validated twice or more "
+                      "(trainer.valid_every below trainer.max_steps draws the curves)")
     if opts.wandb:
         where = report_to_wandb(
             [r.results.get("wandb") or {} for r in runs],

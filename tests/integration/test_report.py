@@ -375,3 +375,15 @@ def test_a_runs_validations_read_back_from_its_log_match_its_results(sweep, tmp_
     (cut / "train.log").unlink()
     with pytest.raises(SystemExit, match="neither results.json nor train.log"):
         script.main(["--out", str(out), "--run", "x", str(cut)])
+
+
+def test_a_report_without_curves_says_why(tmp_path):
+    """Runs that validated once have no curve: the report says so, naming the setting."""
+    proc = heads_lab("train", *TINY, "trainer.max_steps=4", cwd=tmp_path)  # valid_every 15
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    proc = heads_lab("report", str(tmp_path / "outputs"), "--out", str(tmp_path / "r"),
+                     cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert "no report_valid_curves.png: no run validated twice" in " ".join(proc.stdout.split())
+    assert not (tmp_path / "r" / "report_valid_curves.png").exists()
+    assert (tmp_path / "r" / "report_quality.png").is_file()
