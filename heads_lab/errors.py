@@ -28,6 +28,11 @@ def finished_run(run_dir, key: str = "hydra.run.dir") -> ConfigError:
                        f"{key}, or delete that dir to run again")
 
 
+# Hydra launchers that come with an extra (pyproject.toml), by hydra/launcher name
+PLUGIN_EXTRAS = {"ray": "ray", "ray_aws": "ray", "joblib": "launchers",
+                 "submitit_local": "launchers", "submitit_slurm": "launchers"}
+
+
 def one_line(err: BaseException) -> str:
     """A user error (ours, or Hydra's and OmegaConf's composition errors) as one line: what is
     wrong and how to fix it."""
@@ -61,6 +66,10 @@ def one_line(err: BaseException) -> str:
     if options:
         choices = [o.strip() for o in options.group(3).split() if o.strip()]
         wrong = options.group(1).rsplit("/", 1)[-1]
+        extra = PLUGIN_EXTRAS.get(wrong) if options.group(2) == "hydra/launcher" else None
+        if extra:  # a launcher whose Hydra plugin is not installed
+            return (f"hydra/launcher={wrong} needs its Hydra plugin: pip install "
+                    f"'heads-lab[{extra}]' (installed now: {', '.join(choices)})")
         return (f"unknown config option '{options.group(1)}'"
                 f"{_did_you_mean(wrong, choices, options.group(2) + '=')}; choose "
                 f"{options.group(2)}= one of: {', '.join(choices)}")

@@ -158,3 +158,24 @@ def test_a_stopped_single_run_says_how_to_resume_it_with_its_own_dir(tmp_path, c
     assert line.startswith(head) and line.endswith(" to resume"), line
     (typed,) = shlex.split(line[len(head):-len(" to resume")])
     assert dir_override(typed, "hydra.run.dir") == run_dir
+
+
+def test_a_launcher_whose_plugin_is_missing_names_its_extra():
+    """hydra/launcher=ray where the Ray plugin is not installed (Hydra's own error, its option
+    lists without ray): one line naming the extra that installs it."""
+    from hydra.errors import MissingConfigException
+
+    from heads_lab.config.compose import compose
+    from heads_lab.errors import one_line
+
+    with pytest.raises(MissingConfigException) as real:
+        compose(["hydra/launcher=nosuch"])
+    text = str(real.value).replace("nosuch", "ray").replace("\tray\n", "").replace(
+        "\tray_aws\n", "")
+    line = one_line(MissingConfigException(text))
+    assert line.startswith("hydra/launcher=ray needs its Hydra plugin: pip install "
+                           "'heads-lab[ray]' (installed now: basic, joblib, local, slurm")
+    assert "\n" not in line
+    # a misspelt launcher is still a misspelling
+    assert "did you mean hydra/launcher=local?" in one_line(real.value.__class__(
+        str(real.value).replace("nosuch", "locl")))
