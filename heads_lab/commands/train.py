@@ -364,5 +364,7 @@ def _summary_rows(results: dict[str, Any]) -> list[tuple[str, str]]:
         (f"{split} PPL", f"{m[f'{split}/ppl']:.2f}"),
         (f"{split} BLEU (beam {results['decoding']['beam']})", f"{m[f'{split}/bleu']:.2f}"),
         (f"{split} chrF", f"{m[f'{split}/chrf']:.2f}"),
-        ("time train / eval / total", f"{t['train_s']:.0f}s / {t['eval_s']:.0f}s / {t['total_s']:.0f}s"),
+        (("time train (every process) / eval / total (this process)"
+          if results["train"].get("resumed_from") is not None else "time train / eval / total"),
+         f"{t['train_s']:.0f}s / {t['eval_s']:.0f}s / {t['total_s']:.0f}s"),
     ]

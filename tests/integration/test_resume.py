@@ -76,6 +76,8 @@ def test_sigkill_then_sigterm_then_resume_equals_an_uninterrupted_run(uninterrup
     assert proc.returncode == 0, err + out
     results = json.loads((run_dir / "results.json").read_text())
     assert results["train"]["resumed_from"] is not None
+    # its summary says which times count every process and which this one only
+    assert "time train (every process) / eval / total (this process)" in " ".join(out.split())
     assert results["train"]["steps"] == uninterrupted["train"]["steps"] == 40
     for key in EXACT:
         assert results["metrics"][key] == uninterrupted["metrics"][key], key
