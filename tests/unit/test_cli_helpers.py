@@ -179,3 +179,18 @@ def test_a_launcher_whose_plugin_is_missing_names_its_extra():
     # a misspelt launcher is still a misspelling
     assert "did you mean hydra/launcher=local?" in one_line(real.value.__class__(
         str(real.value).replace("nosuch", "locl")))
+
+
+def test_an_output_dirs_label_keeps_whole_overrides_and_counts_the_rest(tmp_path):
+    from heads_lab.commands.runs import output_dir
+
+    long = ["analysis.max_sentences=40", "analysis.heatmaps=[enc:1:0,dec-enc:0:*]",
+            "analysis.sentences=[0,3]", "analysis.lrp=false"]
+    name = output_dir(tmp_path, "analysis", long).name
+    label = name.split("_", 2)[2]
+    assert label == "analysis.max_sentences=40,analysis.heatmaps=-enc-1-0,dec-enc-0---,+2"
+    assert len(label) <= 84  # 80 and the count
+    first = output_dir(tmp_path, "prune", ["prune.step=0.5", "prune.l0_lambda=0.1"],
+                       first=("prune.l0_lambda=",))
+    assert first.name.endswith("_prune.l0_lambda=0.1,prune.step=0.5")
+    assert output_dir(tmp_path, "evals", []).name.endswith("_defaults")
