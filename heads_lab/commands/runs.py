@@ -114,7 +114,6 @@ def load(run_dir: Path, overrides: list[str], average_last: int | None = 1,
     setting, with `auto` the precision the run trained in (`_read_back_precision`)."""
     import torch  # lazy: start-up time (torch)
 
-    from heads_lab.data import prepare  # lazy: start-up time (torch)
     from heads_lab.model import Transformer  # lazy: start-up time (torch)
     from heads_lab.model.heads import install_gates  # lazy: start-up time (torch)
     from heads_lab.training import checkpoint  # lazy: start-up time (torch)
@@ -173,17 +172,24 @@ def load(run_dir: Path, overrides: list[str], average_last: int | None = 1,
     if setting == "auto":  # the precision the run trained in, where it can be computed here
         precision = _read_back_precision(trained or _results_precision(run_dir), precision)
     run.trainer.precision = type(run.trainer.precision)(precision)
-    try:
-        corpus = prepare(run.data, cache_dir(run.paths))
-    except DataError as err:
-        raise DataError(f"{run_dir} is read back with the data it trained on (data={run.data.name}:"
-                        f" its splits, and the training side's counts for analyze): {err}") from None
+    corpus = _corpus(run, run_dir)
     model = Transformer(run.model, len(corpus.tokenizer), corpus.tokenizer.pad)
     if any(k.startswith("gates.") for k in states[0]):
         install_gates(model, run.prune)
     model.load_state_dict(average(states))
     log.info("loaded %s", ", ".join(used))
     return Trained(run, to_dict(cfg), model.to(device).eval(), corpus, device, used)
+
+
+def _corpus(run, run_dir: Path):
+    """The run's corpus, read as it trained on it; a DataError says that is what is read."""
+    from heads_lab.data import prepare  # lazy: start-up time (torch)
+
+    try:
+        return prepare(run.data, cache_dir(run.paths))
+    except DataError as err:
+        raise DataError(f"{run_dir} is read back with the data it trained on (data={run.data.name}:"
+                        f" its splits, and the training side's counts for analyze): {err}") from None
 
 
 def _results_precision(run_dir: Path) -> str | None:
