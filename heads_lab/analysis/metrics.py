@@ -83,8 +83,9 @@ def positional(maps: list[np.ndarray], skip_last_query: bool, eos_key: bool = Fa
 
 def rare_sentences(sources: list[list[int]], freq: dict[int, int], top_k: int | None
                    ) -> list[bool]:
-    """Which sentences count for rare-word heads (Voita: only those whose rarest token is not
-    among the `top_k` most frequent; None: all). `freq` counts tokens (subword ids) on the
+    """Which sentences count for rare-word heads: Voita et al. 2019 (§5.3) count "sentences where
+    the least frequent token in a sentence is not in the top-500 most frequent tokens"; here the
+    `top_k` most frequent (None: every sentence). `freq` counts tokens (subword ids) on the
     training source side; EOS (each source's last id) is no candidate."""
     common = ({t for t, _ in Counter(freq).most_common(top_k)} if top_k else set())
     keep = []
@@ -101,7 +102,13 @@ def rare_sentences(sources: list[list[int]], freq: dict[int, int], top_k: int | 
 def rare_share(maps: list[np.ndarray], sources: list[list[int]], freq: dict[int, int],
                skip_last_query: bool, top_k: int | None = None) -> tuple[np.ndarray, int]:
     """([layers, heads] share of queries whose argmax key — EOS excluded — is a least frequent
-    source token of the sentence, the number of sentences counted: rare_sentences)."""
+    source token of the sentence, the number of sentences counted: rare_sentences).
+
+    Voita et al. 2019 (§5): a rare-words head is one where "the head points to the least frequent
+    tokens in a sentence", measured as how often it "points to the rarest token" in the
+    sentences counted. heads-lab counts each query's maximum (any of the tied least frequent
+    tokens counts), and labels a head rare-word above analysis.rare_threshold (0.5); the paper
+    reports the share for its one such head and sets no bar."""
     hits, n, used = 0.0, 0, 0
     for m, src, keep in zip(maps, sources, rare_sentences(sources, freq, top_k)):
         if not keep:
@@ -177,8 +184,10 @@ def syntactic(maps: list[np.ndarray], units: list[list[list[int]]],
 
 def head_distances(maps: list[np.ndarray]) -> np.ndarray:
     """[layers · heads, layers · heads]: the Jensen–Shannon divergence between every two heads of
-    a site, across its layers (head i of layer l is row l · heads + i), as Clark et al. 2019's
-    code computes it (natural log, each distribution smoothed to 0.999 p + 0.001 / keys, JS
+    a site, across its layers (head i of layer l is row l · heads + i). Clark et al. 2019 (§6):
+    "we measure the distance between two heads H_i and H_j as Σ_{token ∈ data} JS(H_i(token),
+    H_j(token)), where JS is the Jensen-Shannon Divergence between attention distributions". As
+    their code computes it (natural log, each distribution smoothed to 0.999 p + 0.001 / keys, JS
     summed over a sentence's queries), divided by the sentence's query count so that sentences
     of any length weigh alike (heads-lab's change: Clark sums over queries and sentences),
     averaged over sentences. In [0, ln 2]."""
