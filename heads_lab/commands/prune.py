@@ -81,9 +81,10 @@ def prune_run(run_dir: Path, overrides: list[str]) -> dict[str, Any]:
                  for s in (SITES if p.method == "gates" else p.sites))
     if not remove:
         kind = getattr(run.model.attention, "value", run.model.attention)
-        console.print(f"{kind} attention (model.kv_heads={run.model.kv_heads}) cannot lose "
-                      "heads one by one: pruned heads are masked (their outputs zeroed), not "
-                      "removed; params and speed stay the full model's")
+        what = ("talking-heads attention" if kind == "talking_heads" else
+                f"grouped-query attention (model.kv_heads={run.model.kv_heads})")
+        console.print(f"{what} cannot lose heads one by one: pruned heads are masked (their "
+                      "outputs zeroed), not removed; params and speed stay the full model's")
     # what tells prune dirs apart comes first
     out = runs.output_dir(run_dir, "prune", overrides, first=("prune.method=", "prune.l0_lambda="))
     eval_split = _head(corpus.splits[p.eval_split], p.eval_sentences)
@@ -154,19 +155,11 @@ def _point(base, masked, split, corpus, run, device, remove: bool = True) -> dic
         pruned = base
         with heads.masked(base, masked):
             ev = evaluate(base, split, corpus, run, device)
-        kept = _kept(heads.count_heads(base), masked)
+        kept = heads.kept_after(heads.count_heads(base), masked)
     return {"pruned_heads": sum(len(v) for v in masked.values()), "kept": kept,
             "params": sum(p.numel() for p in pruned.parameters()),
             "bleu": ev["bleu"], "chrf": ev["chrf"], "ppl": ev["ppl"], "decode_s": ev["decode_s"],
             "forward_tok_s": ev["forward_tok_s"], "masked": heads.format_heads(masked)}
-
-
-def _kept(total: dict[str, int], gone) -> dict[str, int]:
-    """Heads per site once `gone` ({(site, layer): heads}) are masked."""
-    kept = dict(total)
-    for (site, _), heads in gone.items():
-        kept[site] -= len(heads)
-    return kept
 
 
 def importance_curves(run, model, corpus, eval_split, device, out: Path,
@@ -234,7 +227,14 @@ def gate_table(results: list[dict]):
 def gates_from_trained(run, config, model, corpus, eval_split, device, out: Path,
                        remove: bool = True) -> dict:
     # lazy: start-up time (torch)
-    from heads_lab.model.heads import count_heads, fold_gates, format_heads, install_gates, remove_heads
+    from heads_lab.model.heads import (
+        count_heads,
+        fold_gates,
+        format_heads,
+        install_gates,
+        kept_after,
+        remove_heads,
+    )
     from heads_lab.training.loop import train  # lazy: start-up time (torch)
     from heads_lab.training.optim import inverse_sqrt  # lazy: as above
 
@@ -263,7 +263,7 @@ def gates_from_trained(run, config, model, corpus, eval_split, device, out: Path
     if remove:
         remove_heads(model, closed)
     after = evaluate(model, eval_split, corpus, run, device)  # closed heads' columns are zero
-    kept = count_heads(model) if remove else _kept(total, closed)
+    kept = count_heads(model) if remove else kept_after(total, closed)
     result = {"method": "gates", "l0_lambda": p.l0_lambda, "steps": p.steps, "lr": tcfg.lr,
               "gate_lr": p.gate_lr, "gate_eval": p.gate_eval, "init_keep": p.init_keep,
               "train_s": train_s, "heads": total, "kept": kept,

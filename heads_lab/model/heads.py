@@ -371,8 +371,13 @@ def _detach(model: nn.Module) -> None:
 
 def gates_kept(model: nn.Module) -> dict[str, int]:
     """Heads per attention type whose test-time gate is open (ungated modules count whole)."""
-    kept = count_heads(model)
-    for (site, _), heads in gates_of(model).closed().items():
+    return kept_after(count_heads(model), gates_of(model).closed())
+
+
+def kept_after(total: dict[str, int], gone: HeadSet) -> dict[str, int]:
+    """Heads per site (count_heads) left once `gone` are masked or closed."""
+    kept = dict(total)
+    for (site, _), heads in gone.items():
         kept[site] -= len(heads)
     return kept
 
