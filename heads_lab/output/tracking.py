@@ -194,7 +194,8 @@ class Tracker:
             self.first = (step, now)
         done, spent = step - self.first[0], now - self.first[1]
         total = self.total if self.total else None
-        left = [spent / done * (total - step)] if total and done > 0 and step <= total else []
+        left = ([0.0] if total and step >= total  # the last step: nothing left, pace or not
+                else [spent / done * (total - step)] if total and done > 0 else [])
         if self.max_time is not None and "train/seconds" in metrics:  # a time budget ends it first?
             left.append(max(self.max_time - metrics["train/seconds"], 0.0))
         eta = clock(min(left)) if left else "?"

@@ -85,6 +85,22 @@ def test_the_training_line_ends_at_the_time_budget_when_it_comes_before_max_step
     assert tracker.progress_line(100, metrics).endswith(f"ETA {clock(99_900)}")
 
 
+def test_the_last_steps_line_has_nothing_left_even_as_the_first_line(monkeypatch):
+    """A run whose last step is its first progress line (max_steps ≤ log_every) has no pace yet,
+    but nothing is left: ETA 0:00:00, not '?'; an earlier first line still has no ETA."""
+    from heads_lab.output import tracking
+
+    fake = Clock()
+    monkeypatch.setattr(tracking.time, "monotonic", fake)
+    tracker = tracking.Tracker.__new__(tracking.Tracker)
+    tracker.progress, tracker.trackers = None, []
+    tracker.total, tracker.started, tracker.first, tracker.max_time = 30, fake.now, None, None
+    metrics = {"train/loss": 3.0, "train/lr": 1e-3, "train/tokens_per_s": 4000.0}
+    assert tracker.progress_line(30, metrics).endswith(f"ETA {clock(0)}")
+    tracker.first, tracker.total = None, 100
+    assert tracker.progress_line(10, metrics).endswith("ETA ?")
+
+
 def test_a_tracker_has_its_progress_fields_before_start(tmp_path):
     """Every field progress_line reads exists from __init__ (start() sets them for a run): a line
     asked for before start() has no step total and no budget, so no ETA, instead of an
