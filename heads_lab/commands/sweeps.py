@@ -210,7 +210,7 @@ def user_errors(hydra_cfg):
             job = job_label(list(hydra_cfg.overrides.task), hydra_cfg.job.num)
             advice = ("" if requeued else "; run the same sweep command with "
                       f"{dir_arg('hydra.sweep.dir', hydra_cfg.sweep.dir)} to resume it")
-            say_line(f"error: job {hydra_cfg.job.num} ({job}): {err.stopped}{advice}")
+            say_line(f"error: {job_title(hydra_cfg.job.num, job)}: {err.stopped}{advice}")
             if in_worker():  # return: joblib would kill the other workers, mid-checkpoint
                 record_stopped(Path(hydra_cfg.runtime.output_dir), err.signal_name, job,
                                err.stopped)
@@ -227,7 +227,7 @@ def user_errors(hydra_cfg):
             discard_unstarted(Path(hydra_cfg.runtime.output_dir))
             raise SystemExit(2) from None
         job = job_label(list(hydra_cfg.overrides.task), hydra_cfg.job.num)
-        say_line(f"error: job {hydra_cfg.job.num} ({job}): {err}")
+        say_line(f"error: {job_title(hydra_cfg.job.num, job)}: {err}")
         FAILED_JOBS.append(job)
         record_failure(Path(hydra_cfg.runtime.output_dir), str(err), job)
 
@@ -267,7 +267,12 @@ def job_label(task: list[str], num: int) -> str:
         varying = [o for o in task if o.split("=", 1)[0] in wanted]
     else:
         varying = [o for o in task if o not in FIXED_OVERRIDES]
-    return ",".join(varying) or str(num)
+    return ",".join(varying) or f"job {num}"
+
+
+def job_title(num: int, label: str) -> str:
+    """'job 3 (model.heads=4,seed=2)', or 'job 0' where the sweep varies nothing."""
+    return label if label == f"job {num}" else f"job {num} ({label})"
 
 
 def not_started(hydra_cfg) -> bool:

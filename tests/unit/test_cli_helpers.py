@@ -194,3 +194,15 @@ def test_an_output_dirs_label_keeps_whole_overrides_and_counts_the_rest(tmp_path
                        first=("prune.l0_lambda=",))
     assert first.name.endswith("_prune.l0_lambda=0.1,prune.step=0.5")
     assert output_dir(tmp_path, "evals", []).name.endswith("_defaults")
+
+
+def test_a_sweep_job_is_named_by_what_the_sweep_varies(monkeypatch):
+    from heads_lab.commands import sweeps
+
+    monkeypatch.setenv(sweeps.SWEEP_KEYS_ENV, '["model.heads", "seed"]')
+    label = sweeps.job_label(["model=tiny", "model.heads=4", "seed=2"], 3)
+    assert label == "model.heads=4,seed=2"
+    assert sweeps.job_title(3, label) == "job 3 (model.heads=4,seed=2)"
+    monkeypatch.setenv(sweeps.SWEEP_KEYS_ENV, "[]")  # `-m` with nothing varying
+    label = sweeps.job_label(["model=tiny"], 0)
+    assert label == "job 0" and sweeps.job_title(0, label) == "job 0"  # was 'job 0 (0)'
