@@ -24,8 +24,8 @@ cuda_tests.xml, bench.json, bench_large.json, profile.json, table_a/ (runs, repo
 `--parts studies --study 'PRESET [OVERRIDE ...]'` (repeatable) runs other presets' whole sweeps
 the same way, one after another while time is left, each into <out>/<preset>/ with its report.
 
-`run --cpu` is the dry run that keeps this script from rotting between GPU windows (`make test`
-runs it): the same parts on CPU, the CUDA tests skipping with their reason, a tiny bench and a
+`run --cpu` is the dry run that keeps this script from rotting between GPU windows (`make
+test-slow` runs it): the same parts on CPU, the CUDA tests skipping with their reason, a tiny bench and a
 tiny two-run study on the embedded synthetic corpus. A user with a GPU runs the same two steps
 (or just `run` when heads-lab is installed): README, "On a GPU".
 """

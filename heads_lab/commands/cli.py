@@ -69,7 +69,8 @@ hf:<hub name or save_pretrained dir> in place of a run (pip install 'heads-lab[h
                     analysis.treebank=de_pud-ud-test.conllu.gz analysis.treebank_ref=text_en
                 heads-lab prune hf:bert-base-uncased data=multi30k data.src=en
 
-`heads-lab <command> --help` shows the command's config groups and keys; `heads-lab --version` the version.
+`heads-lab train --help` shows the config groups and every key; `heads-lab <command> --help` what a
+command does and takes; `heads-lab --version` the version.
 """
 
 
