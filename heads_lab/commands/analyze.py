@@ -22,6 +22,8 @@ import logging
 import time
 from pathlib import Path
 
+from rich.markup import escape
+
 from heads_lab.analysis import analyze
 from heads_lab.commands import runs
 from heads_lab.commands.runs import Command
@@ -48,9 +50,10 @@ def _check_treebank_language(path: str, src: str, console) -> str | None:
     name = Path(path).name
     lang = name.split("_", 1)[0] if "_" in name and "-ud-" in name else None
     if lang and src and lang != src:
-        console.print(f"[yellow]analysis.treebank {name} is in '{lang}', but the model's source "
-                      f"language is '{src}' (data.src): its heads are analysed on text of another "
-                      f"language; use a {src} treebank (e.g. {src}_pud-ud-test.conllu.gz)[/]")
+        console.print(f"[yellow]analysis.treebank {escape(name)} is in '{lang}', but the model's "
+                      f"source language is '{src}' (data.src): its heads are analysed on text of "
+                      f"another language; use a {src} treebank (e.g. {src}_pud-ud-test.conllu.gz)[/]",
+                      markup=True)
     return lang
 
 

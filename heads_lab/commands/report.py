@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from heads_lab.commands.report_rows import (
     NOT_APPLICABLE,
@@ -83,7 +84,8 @@ def main(args: list[str]) -> int:
     runs, problems = collect([Path(d) for d in opts.dirs])
     rows, varying = group(runs)
     split = runs[0].results["decoding"]["split"]
-    status = Console(stderr=True, soft_wrap=True)  # on stderr: stdout keeps the table alone
+    # on stderr: stdout keeps the table alone; markup off, as the other consoles (paths print whole)
+    status = Console(stderr=True, soft_wrap=True, markup=False)
     status.print(f"report: {len(runs)} runs in {len(rows)} rows; paired bootstrap of BLEU against "
                  f"the base row ({opts.samples} resamples) ...")
     started = time.monotonic()
@@ -103,7 +105,8 @@ def main(args: list[str]) -> int:
     for name, table in tables:
         console.print(to_rich(table, f"heads-lab report{f': data={name}' if name else ''}"))
     for where, status in problems:
-        console.print(f"[yellow]not in the table[/]: {where} ({status})")
+        console.print(f"[yellow]not in the table[/]: {escape(str(where))} ({escape(str(status))})",
+                      markup=True)
     write_markdown(out / "report.md", tables, problems)
     write_csv(out / "report.csv", [table for _, table in tables])
     write_csv(out / "runs.csv", runs_table(rows, split, seed_p))

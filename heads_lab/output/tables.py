@@ -31,7 +31,7 @@ def wide_console(width: int = 220):
     """The console for tables: the terminal's, or for output that is piped or captured one
     `width` wide, so no column is cut."""
     console = tracking.console
-    return console if console.is_terminal else Console(width=width, soft_wrap=True)
+    return console if console.is_terminal else Console(width=width, soft_wrap=True, markup=False)
 
 
 def show(table, width: int = 220) -> None:

@@ -29,7 +29,9 @@ from heads_lab.output.files import write_json  # noqa: F401 (tracking.write_json
 from heads_lab.output.progress import clock
 
 log = logging.getLogger(__name__)
-console = Console(soft_wrap=True)  # a long line (a path) stays one line in a log file
+# soft_wrap: a long line (a path) stays one line in a log file; markup off: a path or an
+# override with brackets (prune.sites=[enc-self]) prints as it is, not as rich markup
+console = Console(soft_wrap=True, markup=False)
 VALID_LINE = "step %d  valid loss %.4f  ppl %.2f"  # each validation, in train.log
 
 

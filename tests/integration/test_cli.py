@@ -458,8 +458,8 @@ def test_the_best_validation_weights_are_evaluated_when_asked(tmp_path):
 
 def test_a_log_file_console_gets_plain_unwrapped_lines(tmp_path):
     """stdout not a terminal (a SLURM .out, nohup): one line per log record and progress report,
-    no padding, and a long path unbroken."""
-    proc = heads_lab("train", *TINY, cwd=tmp_path)
+    no padding, and a long path unbroken, its brackets too (they are not rich markup)."""
+    proc = heads_lab("train", *TINY, "prune.sites=[enc-self]", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     lines = proc.stdout.splitlines()
     progress = [line for line in lines if " INFO step " in line and " tok/s " in line]
@@ -468,6 +468,7 @@ def test_a_log_file_console_gets_plain_unwrapped_lines(tmp_path):
     assert not [line for line in lines if line.startswith("[") and line != line.rstrip()]
     (found,) = _results(tmp_path / "outputs")
     assert f"results: {found}" in lines
+    assert any(line.startswith("overrides: ") and "prune.sites=[enc-self]" in line for line in lines)
 
 
 def test_a_run_logs_a_progress_line_every_log_every_steps(tiny_run_dir):
