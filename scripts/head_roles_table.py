@@ -2,7 +2,7 @@
 
     python scripts/head_roles_table.py \
         'Multi30k seed 1, PUD=results/head_analysis/mha_h8/pud/analysis.md' \
-        'Tatoeba seed 1, PUD=results/head_analysis_tatoeba/seed1_pud/analysis.md'
+        'Tatoeba seed 1, PUD=results/head_analysis_tatoeba/mha_h8_seed1/pud/analysis.md'
 
 Each argument is LABEL=analysis.md (the file `analyze` writes beside analysis.json; published
 under results/). Prints one Markdown table, a row per analysis: the heads with a role (P

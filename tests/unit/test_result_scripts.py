@@ -285,3 +285,15 @@ def test_hf_tiny_models_without_the_hf_extra_is_one_line(tmp_path, monkeypatch, 
     assert err == ("error: hf_tiny_models.py needs tokenizers (the hf extra): "
                    "pip install 'heads-lab[hf]'")
     assert not (tmp_path / "hf").exists()
+
+
+def test_the_scripts_examples_name_published_files():
+    """Every results/ file a script's own text names as an example exists (an example once named
+    a directory the study never had)."""
+    import re
+
+    named = {(script.name, path) for script in sorted((ROOT / "scripts").glob("*.py"))
+             for path in re.findall(r"results/[\w./-]*\.\w+", script.read_text(encoding="utf-8"))}
+    assert named  # the scripts do name examples
+    missing = [(script, path) for script, path in sorted(named) if not (ROOT / path).is_file()]
+    assert not missing, missing
