@@ -25,7 +25,8 @@ def main(args: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="heads-lab bench", usage=USAGE, description=__doc__)
     parser.add_argument("overrides", nargs="*", help="model settings, e.g. model.d_model=512")
     parser.add_argument("--steps", type=int, default=None,
-                        help="measured steps per variant (10, ≥ 10) or, with --depth, per point (5)")
+                        help="measured steps per variant (default 10; fewer make a noisy median) "
+                             "or, with --depth, per point (default 5)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="fewer variants, no peak memory")
     parser.add_argument("--depth", action="store_true", help="Liu et al. shallow vs deep curves")
@@ -50,6 +51,7 @@ def main(args: list[str]) -> int:
     parser.add_argument("--png", default="bench_depth.png", help="--depth: the plot")
     opts = parser.parse_intermixed_args(args)  # model.KEY=VALUE anywhere among the flags
     model = _model(opts.overrides)
+    _check_counts_and_files(opts)
     # lazy: start-up time (rich), kept out of the bench's peak-RSS child processes
     from heads_lab.output.tables import wide_console
 
@@ -66,9 +68,6 @@ def main(args: list[str]) -> int:
     elif opts.depth:
         from heads_lab.bench import depth  # lazy: start-up time (torch)
 
-        if opts.device not in ("auto", "cpu") or opts.precision == "bf16":
-            raise ConfigError("--depth measures fp32 on the CPU only: drop --device and "
-                              "--precision (or run the speed table without --depth)")
         result = depth.run(model, steps=5 if opts.steps is None else opts.steps, log=console.print)
         depth.plot(result, Path(opts.png))
         console.print(_depth_table(result))
@@ -86,6 +85,27 @@ def main(args: list[str]) -> int:
     write_json(Path(opts.json), result)
     console.print(f"numbers: {opts.json}")
     return 0
+
+
+def _check_counts_and_files(opts) -> None:
+    """Before anything is measured or written: step counts that can be measured, --depth's
+    device and precision, then the folders of the files it will write (made if missing;
+    refused where they cannot be)."""
+    for flag, value, least in (("--steps", opts.steps, 1), ("--warmup", opts.warmup, 0),
+                               ("--rows", opts.rows, 1)):
+        if value is not None and value < least:
+            raise ConfigError(f"{flag} {value}: it must be >= {least}")
+    if opts.depth and (opts.device not in ("auto", "cpu") or opts.precision == "bf16"):
+        raise ConfigError("--depth measures fp32 on the CPU only: drop --device and "
+                          "--precision (or run the speed table without --depth)")
+    files = [opts.json] + ([opts.png] if opts.depth else []) + ([opts.trace] if opts.profile else [])
+    for name in files:
+        folder = Path(name).parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ConfigError(f"cannot write {name}: its folder {folder} cannot be made "
+                              f"({err.strerror or err}); choose another path") from None
 
 
 def _profile_table(result: dict):

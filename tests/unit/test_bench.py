@@ -249,3 +249,19 @@ def test_bench_depth_refuses_a_device_or_precision_it_does_not_measure():
     for flags in (["--device", "cuda"], ["--precision", "bf16"]):
         with pytest.raises(ConfigError, match="--depth measures fp32 on the CPU only"):
             main(["--depth", *flags])
+
+
+def test_bench_refuses_counts_it_cannot_measure_and_makes_its_files_folder(tmp_path):
+    """--steps 0 (once a traceback after minutes of measuring) and an output folder that cannot
+    be made are refused before anything is measured."""
+    from heads_lab.bench import main
+    from heads_lab.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--steps 0: it must be >= 1"):
+        main(["--quick", "--steps", "0"])
+    (tmp_path / "a-file").write_text("not a folder")
+    with pytest.raises(ConfigError, match="cannot write .*a-file/x.json: its folder"):
+        main(["--quick", "--json", str(tmp_path / "a-file" / "x.json")])
+    with pytest.raises(ConfigError, match="--depth measures fp32"):  # refused: nothing made
+        main(["--depth", "--device", "cuda", "--json", str(tmp_path / "new" / "x.json")])
+    assert not (tmp_path / "new").exists()
