@@ -285,6 +285,9 @@ def main(argv: list[str] | None = None) -> int:
         path, _, pairs = where.partition(":")
         if not Path(path).is_file():
             raise SystemExit(f"error: no report {path}")
+        if pairs and not pairs.isdigit():
+            raise SystemExit(f"error: {item!r}: PAIRS must be a whole number of training pairs, "
+                             "e.g. :29000")
         points += read(label, Path(path), int(pairs) if pairs else None)
     folded: set[tuple[str, int, int, int]] = set()
     for item in opts.add:
@@ -301,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
                              f"with an existing runs.csv")
         for line in fold(points, label, read_runs(Path(path), heads), folded):
             print(line)
+    Path(opts.out).parent.mkdir(parents=True, exist_ok=True)
     draw(points, Path(opts.out))
     for (corpus, h), series in differences(points).items():
         text = ", ".join(f"{x:,}: {y:+.2f}" for x, y in series)

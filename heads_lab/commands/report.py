@@ -60,6 +60,7 @@ from heads_lab.commands.report_seeds import (
     significance,
 )
 from heads_lab.config.sites import KEPT_COLUMNS, SITES
+from heads_lab.errors import ConfigError
 from heads_lab.output.curves import draw_valid_curves, tight
 from heads_lab.output.tables import to_rich, wide_console, write_csv, write_markdown
 from heads_lab.output.trackers import report_to_wandb
@@ -81,6 +82,9 @@ def main(args: list[str]) -> int:
     parser.add_argument("--wandb-mode", choices=("offline", "online"), default="offline",
                         help="online needs a network and WANDB_API_KEY; without one: offline")
     opts = parser.parse_args(args)
+    if opts.samples < 1:
+        raise ConfigError(f"--samples {opts.samples}: the paired bootstrap needs at least 1 "
+                          "resample (1000 by default)")
     runs, problems = collect([Path(d) for d in opts.dirs])
     rows, varying = group(runs)
     split = runs[0].results["decoding"]["split"]

@@ -92,6 +92,8 @@ CASES = [
     ("eval-bad-override", None, ["eval", ".", "model.heads=2"],
      ["evaluation settings only", "model.heads=2"]),
     ("report-no-results", None, ["report", "."], ["no finished runs (results.json) under"]),
+    ("report-samples", None, ["report", ".", "--samples", "0"],
+     ["--samples 0", "at least 1 resample"]),
     ("admin-pre-norm", None, ["train", "model.init=admin"],
      ["model.init=admin is for post-norm models", "model.norm=post"]),
     ("train-fraction", None, ["train", "data.train_fraction=1.5"],

@@ -35,9 +35,11 @@ def test_data_size_figure_joins_two_corpora_from_their_reports(tmp_path, capsys)
     new.write_text(header + ",train pairs\n" + "\n".join(
         f'"train_fraction={f},h={h}",{h},{h},{256 // h},3+3,"7,578,624",1,6.1,{b},57.0,-,"{n}"'
         for f, h, b, n in [(0.1, 8, "30.00", "16,478"), (0.1, 32, "29.25", "16,478")]) + "\n")
-    out = tmp_path / "fig.png"
+    out = tmp_path / "new-folder" / "fig.png"  # its folder is made
     assert script.main(["--out", str(out), f"A={old}:29000", f"B={new}"]) == 0
     assert out.stat().st_size > 10_000
+    with pytest.raises(SystemExit, match="PAIRS must be a whole number of training pairs"):
+        script.main(["--out", str(out), f"A={old}:abc"])
     points = script.read("A", old, 29000) + script.read("B", new, None)
     assert [(p.pairs, p.bleu, p.std) for p in points[:2]] == [(2900, 20.0, 1.0), (2900, 21.5, 0.5)]
     assert [p.runs for p in points] == [3, 3, 3, 3, 1, 1]
