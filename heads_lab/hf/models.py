@@ -199,7 +199,10 @@ def _where(name: str) -> str:
     local = Path(name).expanduser()
     if local.is_dir():
         return str(local)
-    if local.exists() or name.startswith((".", "/", "~")):
+    # a hub name is <model> or <owner>/<model>: a name with more parts, or whose first part is a
+    # dir here, is a local path that is not there
+    if (local.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1
+            or ("/" in name and Path(name.split("/", 1)[0]).expanduser().is_dir())):
         raise DataError(f"hf:{name}: no such save_pretrained dir; give a dir that "
                         "`save_pretrained` wrote, or a hub name (e.g. hf:bert-base-uncased)")
     from heads_lab.data.sources import _hub_reachable  # lazy: the data package (start-up time)

@@ -237,3 +237,19 @@ def test_pruning_metric_is_the_task_metric_computed_by_hand(tiny, family):
         plain = pre.model(**b.kwargs).logits
     unmasked = F.cross_entropy(plain[real], labels[real], reduction="mean").item()
     assert abs(unmasked - want) > 1e-5  # the mask took effect (a random model: a small one)
+
+
+def test_a_mistyped_local_dir_is_named_as_a_dir_not_looked_up_on_the_hub(tmp_path, monkeypatch):
+    """A hub name is <model> or <owner>/<model>: a longer path, or one whose first part is a dir
+    here, is a local dir that is not there (it was reported as a hub download problem)."""
+    from heads_lab.errors import DataError
+    from heads_lab.hf.models import _where
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "outputs").mkdir()
+    monkeypatch.setattr("heads_lab.data.sources._hub_reachable", lambda timeout=3.0: False)
+    for name in ("outputs/hf_tiny/nope", "outputs/nope", "a/b/c"):
+        with pytest.raises(DataError, match=f"hf:{name}: no such save_pretrained dir"):
+            _where(name)
+    with pytest.raises(DataError, match="hub is unreachable"):  # a hub name stays a hub name
+        _where("someone/no-such-model")
