@@ -49,14 +49,20 @@ def one_line(err: BaseException) -> str:
         if not schema and append and "not in struct" in cause:  # a map field, e.g. data.files
             return (f"unknown config key '{key}': '{key.rpartition('.')[0]}' is a map, and a key "
                     f"new to it takes a leading +: {append.group(1)}")
+        if "." not in key and not schema:  # an optional config group, added with +
+            from heads_lab.config.compose import config_dir  # lazy: only on this error
+
+            if (config_dir() / key).is_dir():
+                return (f"'{key}' is an optional config group: add it with a leading +, "
+                        f"e.g. +{key}=<option> (`heads-lab train --help` lists its options)")
         hint = ""
         if schema:  # the closest field of the very schema Hydra names
             from heads_lab.config.compose import field_names  # lazy: only on this error
 
             head, _, leaf = key.rpartition(".")
             hint = _did_you_mean(leaf, field_names(schema.group(1)), head + "." if head else "")
-        return (f"unknown config key '{key}' ({cause}){hint}; check the spelling against "
-                "`heads-lab train --cfg job`")
+        return (f"unknown config key '{key}'{f' ({cause})' if cause else ''}{hint}; check the "
+                "spelling against `heads-lab train --cfg job`")
     if "Ambiguous value for argument" in first:
         return (f"{first}: to sweep over the values, add -m (heads-lab train -m ...); a value "
                 "that holds commas itself (a head list) goes in quotes, e.g. "

@@ -64,6 +64,8 @@ CASES = [
     ("unknown-added-key", None, ["train", "+trainer.max_step=5"],
      ["unknown config key 'trainer.max_step'"]),
     ("unknown-option", None, ["train", "model=huge"], ["model/huge", "base, small, tiny"]),
+    ("optional-group", None, ["train", "mix=logits"],
+     ["'mix' is an optional config group", "a leading +", "+mix=<option>"]),
     ("type-error", None, ["train", "model.heads=abc"],
      ["model.heads=abc", "could not be converted to Integer"]),
     ("bad-enum", None, ["train", "model.norm=middle"], ["model.norm", "middle"]),
