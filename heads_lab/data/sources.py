@@ -87,7 +87,10 @@ def _text_split(cfg: TextFilesDataConfig, root: Path, split: str) -> SplitReader
     name = getattr(cfg, split)
     on_error = cfg.cleaning.on_decode_error
     if cfg.format == "tsv":
-        path = _require(root, cfg.pattern.format(split=name, lang=f"{cfg.src}-{cfg.tgt}"), split)
+        path = _require(root, cfg.pattern.format(split=name, lang=f"{cfg.src}-{cfg.tgt}"), split,
+                        f" (data.format=tsv reads data.pattern={cfg.pattern!r} with {{lang}} = "
+                        f"{cfg.src}-{cfg.tgt}; name your files with it, e.g. "
+                        "data.pattern='{split}.tsv')")
         return SplitReader(split, str(path), _stat(path), lambda: _read_tsv(path, on_error))
     src = _require(root, cfg.pattern.format(split=name, lang=cfg.src), split)
     tgt = _require(root, cfg.pattern.format(split=name, lang=cfg.tgt), split)
@@ -95,11 +98,11 @@ def _text_split(cfg: TextFilesDataConfig, root: Path, split: str) -> SplitReader
                        lambda: _read_pair(src, tgt, on_error))
 
 
-def _require(root: Path, name: str, split: str) -> Path:
+def _require(root: Path, name: str, split: str, hint: str = "") -> Path:
     found = _find(root, name)
     if found is None:
         tried = ", ".join(str(p) for p in _candidates(root, name))
-        raise DataError(f"the {split} file is missing: tried {tried}")
+        raise DataError(f"the {split} file is missing: tried {tried}{hint}")
     return found
 
 

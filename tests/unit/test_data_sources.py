@@ -69,6 +69,10 @@ def test_tsv_format(tmp_path):
     corpus = prepare(_cfg(root, format="tsv", pattern="{split}.tsv"), tmp_path / "cache")
     assert len(corpus.splits["test"]) == 12
     assert corpus.splits["test"].tgt_text == _sentences(12, 1, "en")
+    # the default pattern names the files {split}.{lang} with lang de-en: the error says how
+    with pytest.raises(DataError, match=r"train\.de-en.*data\.format=tsv reads data\.pattern="
+                                        r"'\{split\}\.\{lang\}'.*data\.pattern='\{split\}\.tsv'"):
+        prepare(_cfg(root, format="tsv"), tmp_path / "cache")
 
 
 def test_cleaning_normalises_and_counts_every_drop(tmp_path):
