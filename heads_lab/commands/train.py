@@ -159,6 +159,12 @@ def _train_record(result, run: RunConfig, evaluated: dict[str, Any], ranks) -> d
             "data_parallel": ranks.world if ranks else 1}
 
 
+def _stopped_by(train: dict[str, Any]) -> str:
+    """', stopped by patience' where something other than the step or epoch count ended it."""
+    by = train.get("stopped_by")
+    return f", stopped by {by}" if by in ("patience", "max_time") else ""
+
+
 def _print_summary(results: dict[str, Any], overrides: list[str], run_dir: Path) -> None:
     console.print(summary_table("heads-lab train", _summary_rows(results)))
     console.print(f"overrides: {' '.join(overrides) or 'none'}")
@@ -355,7 +361,8 @@ def _summary_rows(results: dict[str, Any]) -> list[tuple[str, str]]:
     t = results["timings"]
     return [
         ("parameters", f"{results['params']['total']:,}"),
-        ("steps (epochs)", f"{results['train']['steps']} ({results['train']['epochs']:.1f})"),
+        ("steps (epochs)", f"{results['train']['steps']} ({results['train']['epochs']:.1f})"
+                           + _stopped_by(results["train"])),
         ("train tokens/s", f"{m['train/tokens_per_s']:,.0f}"),
         ("train FLOPs/token · GFLOP/s", f"{m['cost/flops_per_token'] / 1e6:.1f} M · "
                                         f"{m['cost/train_gflops_per_s']:.1f}"),

@@ -362,6 +362,8 @@ def test_a_time_budget_ends_the_run_with_a_checkpoint_and_results_that_say_so(tm
     assert [h["step"] for h in train["valid_history"]] == [1]  # validated as at max_steps
     assert math.isfinite(results["metrics"]["test/bleu"]) and results["status"] == "complete"
     assert (found.parent / "checkpoints" / "step_0000001.pt").is_file()
+    # the summary says why it stopped at step 1 of 30
+    assert "stopped by max_time" in proc.stdout
 
 
 @pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)
