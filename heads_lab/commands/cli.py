@@ -45,7 +45,8 @@ commands:
            e.g. heads-lab train model.heads=8
                 heads-lab train -m model.heads=1,2,4,8
   info     what a config costs (parameters, FLOPs per token, attention memory), without data
-           or training; comma lists compare configs side by side (--json for JSON)
+           or training; comma lists compare configs side by side, run dirs their configs
+           (--json for JSON)
            e.g. heads-lab info model.heads=1,8,32
   eval     evaluate a finished or partial run again from its checkpoints (another beam, split
            or test set; eval.average_last=N averages the last N checkpoints)
@@ -213,12 +214,19 @@ def train_command(args: list[str]) -> int:
 
 
 def info_command(args: list[str]) -> int:
-    """`heads-lab info [overrides] [--json]`: the cost account of one config, or of each config
-    of a comma-list sweep side by side; composes the config only (no data, no training)."""
+    """`heads-lab info [overrides | run dirs] [--json]`: the cost account of one config, of each
+    config of a comma-list sweep side by side, or of trained runs (their saved configs); composes
+    the config only (no data, no training)."""
     if "-h" in args or "--help" in args:
         print(USAGE, end="")
         return 0
+    unknown = [a for a in args if a.startswith("-") and a != "--json"]
+    if unknown:
+        raise ConfigError(f"info: unknown option {unknown[0]}; info takes config overrides "
+                          "(model.heads=1,8,32), hf:<model>s or run dirs, and --json")
     overrides = [a for a in args if a != "--json"]
+    if overrides and all(not is_hf(a) and Path(a).is_dir() for a in overrides):
+        return _info_runs([Path(a) for a in overrides], "--json" in args)
     if any(is_hf(a) for a in overrides):  # pretrained Hugging Face models side by side
         if not all(is_hf(a) for a in overrides):
             raise ConfigError("info: give either hf: models (heads-lab info hf:bert-base-uncased "
@@ -233,16 +241,42 @@ def info_command(args: list[str]) -> int:
         run = to_object(compose(job))
         validate(run)
         label = " ".join(job[i] for i in varying) or " ".join(job) or "defaults"
-        lengths = Lengths(run.cost.src_len, run.cost.tgt_len)
-        columns.append((label, run.model, account(run.model, run.data.vocab_size, lengths)))
-    if "--json" in args:
-        print(json.dumps([{"config": label, **acct} for label, _, acct in columns], indent=2))
+        columns.append(_account_column(label, run))
+    return _print_accounts(columns, "--json" in args)
+
+
+def _info_runs(run_dirs: list[Path], as_json: bool) -> int:
+    """`heads-lab info <run dir> ...`: each run's account, from its saved config."""
+    from heads_lab.commands.runs import compose_run  # lazy: the runs module (yaml, torch-free)
+
+    return _print_accounts([_account_column(str(d), compose_run(d, [])[1]) for d in run_dirs],
+                           as_json)
+
+
+def _account_column(label: str, run):
+    lengths = Lengths(run.cost.src_len, run.cost.tgt_len)
+    return label, run.model, account(run.model, run.data.vocab_size, lengths)
+
+
+def _print_accounts(columns: list, as_json: bool) -> int:
+    """The accounts side by side (a table), or as JSON: each with the model settings the table
+    shows (attention, heads, d_k, layers)."""
+    if as_json:
+        print(json.dumps([{"config": label, "model": _model_fields(model), **acct}
+                          for label, model, acct in columns], indent=2))
         return 0
     # lazy: start-up time (rich); bench's spawned peak-RSS children re-import this module
     from heads_lab.output.tracking import console, cost_table
 
     console.print(cost_table(columns))
     return 0
+
+
+def _model_fields(model) -> dict:
+    return {"attention": getattr(model.attention, "value", model.attention), "heads": model.heads,
+            "heads_k": model.heads_k, "heads_v": model.heads_v, "kv_heads": model.kv_heads,
+            "d_model": model.d_model, "d_k": model.d_head, "d_ff": model.d_ff,
+            "encoder_layers": model.encoder_layers, "decoder_layers": model.decoder_layers}
 
 
 def eval_command(args: list[str]) -> int:

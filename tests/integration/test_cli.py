@@ -687,6 +687,10 @@ def test_info_json_answers_whether_heads_change_parameters(tmp_path):
     assert len(rows) == 6
     mha = {rows[f"model.heads={h} model.attention=mha"]["params"]["total"] for h in (1, 8, 32)}
     assert mha == {parameter_count(ModelConfig(), 2000)["total"]} == {6_042_624}  # vocab 2000
+    assert rows["model.heads=32 model.attention=talking_heads"]["model"] == {
+        "attention": "talking_heads", "heads": 32, "heads_k": None, "heads_v": None,
+        "kv_heads": None, "d_model": 256, "d_k": 8, "d_ff": 1024, "encoder_layers": 3,
+        "decoder_layers": 3}  # what the table shows
     th32 = rows["model.heads=32 model.attention=talking_heads"]["params"]
     assert th32["talking_heads"] == 9 * (32 * 32 + 32 * 32)
     assert th32["total"] == rows["model.heads=32 model.attention=mha"]["params"]["total"] + \
@@ -696,3 +700,19 @@ def test_info_json_answers_whether_heads_change_parameters(tmp_path):
 def test_info_bad_config_is_one_line(tmp_path):
     _assert_one_line_error(heads_lab("info", "model.kv_heads=3", cwd=tmp_path),
                            "model.heads=4 is not a multiple of model.kv_heads=3")
+    _assert_one_line_error(heads_lab("info", "--jsn", cwd=tmp_path),
+                           "info: unknown option --jsn", "--json")
+    _assert_one_line_error(heads_lab("info", str(tmp_path), cwd=tmp_path),
+                           "is not a heads-lab run dir")
+
+
+def test_info_of_a_run_dir_is_its_own_configs_account(tiny_run_dir, tmp_path):
+    """`heads-lab info <run dir>` accounts the run's saved config: its parameters are the
+    trained model's (results.json)."""
+    proc = heads_lab("info", "--json", str(tiny_run_dir), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    (row,) = json.loads(proc.stdout)
+    results = json.loads((tiny_run_dir / "results.json").read_text())
+    assert row["config"] == str(tiny_run_dir)
+    assert row["params"]["total"] == results["params"]["total"] == results["metrics"]["cost/params"]
+    assert row["model"]["heads"] == results["config"]["model"]["heads"]
