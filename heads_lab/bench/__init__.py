@@ -52,6 +52,8 @@ def main(args: list[str]) -> int:
     opts = parser.parse_intermixed_args(args)  # model.KEY=VALUE anywhere among the flags
     model = _model(opts.overrides)
     _check_counts_and_files(opts)
+    if opts.steps is None:  # measured steps: 5 per depth point, else 10 per variant
+        opts.steps = 5 if opts.depth else 10
     # lazy: start-up time (rich), kept out of the bench's peak-RSS child processes
     from heads_lab.output.tables import wide_console
 
@@ -60,15 +62,14 @@ def main(args: list[str]) -> int:
         from heads_lab.bench import profile  # lazy: start-up time (torch)
 
         work, precision = _workload(opts)
-        steps = min(10 if opts.steps is None else opts.steps, 5)
-        result = profile.run(model, work, precision, opts.profile, steps=steps,
+        result = profile.run(model, work, precision, opts.profile, steps=min(opts.steps, 5),
                              warmup=opts.warmup, rows=opts.rows, trace=Path(opts.trace))
         console.print(_profile_table(result))
         console.print(f"trace: {opts.trace} (chrome://tracing or ui.perfetto.dev)")
     elif opts.depth:
         from heads_lab.bench import depth  # lazy: start-up time (torch)
 
-        result = depth.run(model, steps=5 if opts.steps is None else opts.steps, log=console.print)
+        result = depth.run(model, steps=opts.steps, log=console.print)
         depth.plot(result, Path(opts.png))
         console.print(_depth_table(result))
         console.print(f"plot: {opts.png}")
@@ -76,8 +77,7 @@ def main(args: list[str]) -> int:
         from heads_lab.bench import suite  # lazy: start-up time (torch)
 
         work, precision = _workload(opts)
-        steps = 10 if opts.steps is None else opts.steps
-        result = suite.run(model, steps=steps, warmup=opts.warmup, quick=opts.quick,
+        result = suite.run(model, steps=opts.steps, warmup=opts.warmup, quick=opts.quick,
                            peak=not opts.quick, log=console.print, work=work, precision=precision,
                            compile=opts.compile, decode=not opts.no_decode)
         console.print(_table(result))
