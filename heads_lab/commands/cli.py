@@ -25,7 +25,6 @@ from heads_lab.config.compose import (
     compose,
     config_dir,
     describe_keys,
-    expand_sweeps,
     register_configs,
     start_time,
     to_dict,
@@ -213,12 +212,30 @@ def train_command(args: list[str]) -> int:
     return _run_hydra(train_task, "train", args)
 
 
+INFO_HELP = """usage: heads-lab info [overrides | run dirs | hf:<model>s] [--json]
+
+What a config costs, from the config alone (no data, no training): parameters (embeddings,
+attention, talking-heads mixes, feed-forward), FLOPs per target token for training and greedy
+decoding, and the attention weights' memory per layer, at cost.src_len / cost.tgt_len tokens.
+Comma lists compare configs side by side, as `train -m` would run them, and so does a preset's
+own sweep (+experiment=table_a: one column per head count); configs that differ only in
+settings no cost depends on (seed, data size, trainer) are shown once. Run dirs are accounted
+from their saved configs; hf:<hub name or dir>s show pretrained models' heads, layers,
+parameters and forward FLOPs (the hf extra).
+--json prints the accounts as JSON, each with the model settings the table shows.
+  e.g. heads-lab info model=base model.heads=1,8,32
+       heads-lab info +experiment=table_a_tatoeba --json
+       heads-lab info outputs/runs/<date>/<time>
+       heads-lab info hf:bert-base-uncased hf:distilbert-base-uncased
+"""
+
+
 def info_command(args: list[str]) -> int:
     """`heads-lab info [overrides | run dirs] [--json]`: the cost account of one config, of each
     config of a comma-list sweep side by side, or of trained runs (their saved configs); composes
     the config only (no data, no training)."""
     if "-h" in args or "--help" in args:
-        print(USAGE, end="")
+        print(INFO_HELP, end="")
         return 0
     unknown = [a for a in args if a.startswith("-") and a != "--json"]
     if unknown:
@@ -234,15 +251,23 @@ def info_command(args: list[str]) -> int:
         from heads_lab.commands.hf import info_hf  # lazy: start-up time (torch, transformers)
 
         return info_hf(overrides, "--json" in args)
-    jobs = expand_sweeps(overrides)
-    varying = [i for i in range(len(overrides)) if len({tuple(job)[i] for job in jobs}) > 1]
-    columns = []
-    for job in jobs:
+    jobs, accounts, every = [], {}, sweeps.job_overrides(overrides)
+    for job in every:  # a preset's sweep (+experiment=...) too
         run = to_object(compose(job))
         validate(run)
-        label = " ".join(job[i] for i in varying) or " ".join(job) or "defaults"
-        columns.append(_account_column(label, run))
-    return _print_accounts(columns, "--json" in args)
+        column = _account_column("", run)
+        key = json.dumps([_model_fields(column[1]), column[2]], sort_keys=True, default=str)
+        if key not in accounts:  # seeds, data sizes, trainer settings: the same account
+            jobs.append(job)
+            accounts[key] = column
+    varying = [i for i in range(len(jobs[0])) if len({job[i] for job in jobs}) > 1]
+    fixed = [i for i in range(len(jobs[0])) if len({job[i] for job in every}) == 1]
+    columns = [(" ".join(job[i] for i in varying or fixed) or "defaults", *column[1:])
+               for job, column in zip(jobs, accounts.values(), strict=True)]
+    note = None if len(every) == len(jobs) else (
+        f"{len(every)} configs, {len(jobs)} distinct accounts: configs that differ only in "
+        "settings no cost depends on (seed, data size, trainer) are shown once")
+    return _print_accounts(columns, "--json" in args, note)
 
 
 def _info_runs(run_dirs: list[Path], as_json: bool) -> int:
@@ -258,9 +283,9 @@ def _account_column(label: str, run):
     return label, run.model, account(run.model, run.data.vocab_size, lengths)
 
 
-def _print_accounts(columns: list, as_json: bool) -> int:
-    """The accounts side by side (a table), or as JSON: each with the model settings the table
-    shows (attention, heads, d_k, layers)."""
+def _print_accounts(columns: list, as_json: bool, note: str | None = None) -> int:
+    """The accounts side by side (a table) and the note under it, or as JSON: each with the
+    model settings the table shows (attention, heads, d_k, layers)."""
     if as_json:
         print(json.dumps([{"config": label, "model": _model_fields(model), **acct}
                           for label, model, acct in columns], indent=2))
@@ -269,6 +294,8 @@ def _print_accounts(columns: list, as_json: bool) -> int:
     from heads_lab.output.tracking import console, cost_table
 
     console.print(cost_table(columns))
+    if note:
+        console.print(note)
     return 0
 
 

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -267,7 +266,7 @@ def cost_table(columns: list[tuple[str, Any, dict]]) -> Table:
     for site in SITES:
         row(f"n·m memory {site}", act(site))
     first = columns[0][2]["lengths"]
-    table.caption = escape(
+    table.caption = (  # plain text: the consoles print without markup
         f"FLOPs per target token: 2 per multiply-add of every matmul; train = forward + "
         f"backward; decode = greedy with KV cache (×beam for beam search); at source "
         f"{first['src']:g} / target {first['tgt']:g} tokens (cost.src_len, cost.tgt_len). "

@@ -676,6 +676,31 @@ def test_info_prints_the_account_without_data_or_training(tmp_path):
     assert not (tmp_path / "outputs").exists()  # nothing written
 
 
+def test_info_accounts_a_presets_own_sweep_once_per_distinct_config(tmp_path):
+    """`info +experiment=table_a` shows the preset's sweep (5 head counts × 3 seeds) as five
+    columns, one per head count: the seeds change no cost. The command line's list replaces
+    the preset's, as in `train -m`."""
+    proc = heads_lab("info", "+experiment=table_a", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "15 configs, 5 distinct accounts" in proc.stdout
+    assert "the [heads, n, m] fp32 tensors" in proc.stdout  # the caption as written, no markup
+    rows = json.loads(heads_lab("info", "--json", "+experiment=table_a", cwd=tmp_path).stdout)
+    assert [r["config"] for r in rows] == [f"model.heads={h}" for h in (1, 4, 8, 16, 32)]
+    assert [r["model"]["d_k"] for r in rows] == [256, 64, 32, 16, 8]
+    rows = json.loads(heads_lab("info", "--json", "+experiment=table_a", "model.heads=1,8",
+                                cwd=tmp_path).stdout)
+    assert [r["model"]["heads"] for r in rows] == [1, 8]
+    proc = heads_lab("info", "model.heads=8", "seed=1,2", cwd=tmp_path)
+    assert "2 configs, 1 distinct accounts" in proc.stdout
+    assert "model.heads=8" in proc.stdout and "seed=1" not in proc.stdout  # not one seed's
+
+
+def test_info_help_is_its_own(tmp_path):
+    proc = heads_lab("info", "--help", cwd=tmp_path)
+    assert proc.returncode == 0
+    assert proc.stdout.startswith("usage: heads-lab info") and "--json" in proc.stdout
+
+
 def test_info_json_answers_whether_heads_change_parameters(tmp_path):
     from heads_lab.config.cost import parameter_count
     from heads_lab.config.schemas import ModelConfig
