@@ -21,6 +21,7 @@ from heads_lab.commands import runs
 from heads_lab.commands.analyze import _check_sentences, publish
 from heads_lab.config.compose import cache_dir, compose, to_object
 from heads_lab.config.sites import parse_head_mask
+from heads_lab.config.unread import unread_prune_settings
 from heads_lab.config.validate import validate
 from heads_lab.errors import ConfigError
 from heads_lab.hf import analysis as hf_analysis
@@ -123,6 +124,8 @@ def prune_hf(spec: str, args: list[str]) -> int:
     if p.method.value != "importance":
         raise ConfigError("prune hf:... runs method=importance (Michel et al.); Hard Concrete "
                           "gates need fine-tuning, which heads-lab does for its own models only")
+    for warning in unread_prune_settings(args, "prune", p):
+        console.print(f"warning: {warning}")
     device = _device(run)
     pre = load(spec, device)
     imp = _texts(run, args, p.split)

@@ -35,6 +35,7 @@ from rich.table import Table
 from heads_lab.commands import runs
 from heads_lab.commands.runs import Command
 from heads_lab.config.sites import KEPT_COLUMNS, SITES
+from heads_lab.config.unread import unread_prune_settings
 from heads_lab.config.variants import variant
 from heads_lab.errors import ConfigError
 from heads_lab.hf import is_hf
@@ -74,6 +75,8 @@ def prune_run(run_dir: Path, overrides: list[str]) -> dict[str, Any]:
                           f"{run.prune.l0_lambda}); its test-time gates already prune it: "
                           "evaluate it with heads-lab eval")
     p = run.prune
+    for warning in unread_prune_settings(overrides, "prune", p):
+        log.warning(warning)
     if p.method == "gates" and p.l0_lambda == 0:
         log.warning("method=gates with prune.l0_lambda=0: gates fine-tuned without the L0 "
                     "penalty (the control run for a λ sweep)")

@@ -471,6 +471,9 @@ def test_a_log_file_console_gets_plain_unwrapped_lines(tmp_path):
     (found,) = _results(tmp_path / "outputs")
     assert f"results: {found}" in lines
     assert any(line.startswith("overrides: ") and "prune.sites=[enc-self]" in line for line in lines)
+    # a setting the run does not read is named, whole, in a warning
+    assert any(line.endswith("WARNING prune.sites=[enc-self] has no effect on this training: head "
+                             "gates train only with prune.l0_lambda > 0") for line in lines), lines
 
 
 def test_a_run_logs_a_progress_line_every_log_every_steps(tiny_run_dir):

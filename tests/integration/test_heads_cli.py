@@ -215,8 +215,11 @@ def test_analyze_an_earlier_checkpoint(trained):
 
 def test_prune_by_importance_removes_heads_for_real_step_by_step(trained):
     proc = heads_lab("prune", str(trained), "method=importance", "prune.step=0.5",
-                     "prune.sites=[enc-self]", "prune.eval_sentences=20", cwd=trained)
+                     "prune.sites=[enc-self]", "prune.eval_sentences=20", "prune.gate_lr=0.2",
+                     cwd=trained)
     assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert ("prune.gate_lr=0.2 has no effect with method=importance: only method=gates reads it"
+            in " ".join((proc.stderr + proc.stdout).split()))
     (out,) = (trained / "prune").iterdir()
     result = json.loads((out / "prune.json").read_text())
     assert result["precision"] == "fp32"  # what it computed in (TINY's default)

@@ -145,3 +145,31 @@ def test_every_key_that_train_help_lists_has_its_help_text(data, logger):
     assert [line for line in lines if "  # " not in line] == []
     by_key = {line.split(" = ")[0].strip(): line for line in lines}
     assert "# joint subword vocabulary" in by_key["data.vocab_size"]  # its parent's help
+
+
+def test_settings_a_command_does_not_read_are_named():
+    """prune.* settings set on the command line but not read by the command with this config:
+    one warning each; the ones it reads, and other keys, none."""
+    from heads_lab.config.schemas import PruneConfig, PruneMethod
+    from heads_lab.config.unread import unread_prune_settings
+
+    no_gates, gates = PruneConfig(), PruneConfig(l0_lambda=0.05)
+    args = ["prune.gate_lr=0.1", "prune.step=0.2", "prune.l0_lambda=0", "model.heads=4"]
+    assert unread_prune_settings(args, "train", no_gates) == [
+        "prune.gate_lr=0.1 has no effect on this training: head gates train only with "
+        "prune.l0_lambda > 0",
+        "prune.step=0.2 has no effect on this training: it is a setting of heads-lab prune, "
+        "which reads it from this run's config"]
+    assert unread_prune_settings(["+prune.gate_lr=0.1", "prune.sites=[enc-self]"], "train",
+                                 gates) == []
+    importance = ["method=importance", "prune.step=0.2", "prune.sites=[enc-self]",
+                  "prune.split=test", "prune.steps=9", "prune.init_keep=0.5"]
+    assert unread_prune_settings(importance, "prune", no_gates) == [
+        "prune.steps=9 has no effect with method=importance: only method=gates reads it",
+        "prune.init_keep=0.5 has no effect with method=importance: only method=gates reads it"]
+    by_gates = PruneConfig(method=PruneMethod.gates, l0_lambda=0.05)
+    assert unread_prune_settings(["prune.method=gates", "prune.step=0.2", "prune.split=test",
+                                  "prune.lr=1e-4", "prune.sites=[enc-self]"], "prune",
+                                 by_gates) == [
+        "prune.step=0.2 has no effect with method=gates: only method=importance reads it",
+        "prune.split=test has no effect with method=gates: only method=importance reads it"]
