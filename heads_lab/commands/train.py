@@ -86,7 +86,7 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
                            device, tracker.log, checkpoints=checkpoints, stop_requested=stop,
                            parallel=ranks, extra=gates_of(model), peak_mb=peak.mb,
                            keep_best=_best_in_memory(run) and main_rank)
-        tracker.stop_progress()
+        tracker.stop_progress(result.steps)
         if result.resumed_from is not None:
             log.info("resumed from step %d; trained to step %d", result.resumed_from, result.steps)
         if not main_rank:  # rank 0 evaluates and writes the results

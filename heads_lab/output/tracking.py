@@ -205,8 +205,12 @@ class Tracker:
                 f"{metrics.get('train/tokens_per_s', float('nan')):,.0f} tok/s  "
                 f"elapsed {clock(now - self.started)}  ETA {eta}")
 
-    def stop_progress(self) -> None:
+    def stop_progress(self, step: int | None = None) -> None:
+        """The bar's last line, at `step` (where training stopped: a stop signal or the time
+        budget can end it between two logged steps)."""
         if self.progress is not None:
+            if step is not None and self.task is not None:
+                self.progress.update(self.task, completed=step)
             self.progress.stop()
             self.progress = None
 

@@ -115,3 +115,27 @@ def test_a_tracker_has_its_progress_fields_before_start(tmp_path):
     line = tracker.progress_line(10, metrics)
     assert line.startswith("step 10/?  loss 3.000  lr 1.00e-03  4,000 tok/s  elapsed ")
     assert line.endswith("ETA ?")
+
+
+def test_the_progress_bars_last_line_is_where_training_stopped(tmp_path):
+    """A stop signal or the time budget ends training between two logged steps: the bar's last
+    line shows the step training stopped at, not the last logged one."""
+    import io
+
+    from rich.console import Console
+
+    from heads_lab.config.schemas import LoggerConfig
+    from heads_lab.output import tracking
+
+    out = io.StringIO()
+    tracker = tracking.Tracker(LoggerConfig(name="recorder"), tmp_path, "run", {})
+    original = tracking.console
+    tracking.console = Console(file=out, width=200, force_terminal=False, markup=False)
+    try:
+        tracker.start(1000)
+        tracker.log(130, {"train/loss": 3.0, "train/lr": 1e-3, "train/tokens_per_s": 4000.0,
+                          "train/seconds": 10.0})
+        tracker.stop_progress(137)
+    finally:
+        tracking.console = original
+    assert "step 137/1000" in out.getvalue().splitlines()[-1]
