@@ -343,6 +343,22 @@ class CountFailures(Callback):
                 job = path.parent.name
             if job not in FAILED_JOBS:
                 FAILED_JOBS.append(job)
+        target = str(config.hydra.launcher.get("_target_", ""))
+        print(sweep_summary(Path(str(config.hydra.sweep.dir)), started, "submitit" in target))
+
+
+def sweep_summary(sweep_dir: Path, started: float, submitit: bool = False) -> str:
+    """One line at a sweep's end, whichever launcher ran it (submitit's jobs print nothing
+    here): how many jobs finished now, earlier (skipped), failed or stopped, and the next step."""
+    def count(name: str, now: bool = True) -> int:
+        return sum((p.stat().st_mtime >= started) == now for p in sweep_dir.glob(f"*/{name}"))
+
+    counts = {"finished": count("results.json"), "finished earlier (skipped)":
+              count("results.json", now=False), "failed": len(FAILED_JOBS),
+              "stopped": count("stopped.json")}
+    told = ", ".join(f"{n} {what}" for what, n in counts.items() if n) or "no job ran"
+    logs = f"; the launcher's logs: {sweep_dir / '.submitit'}" if submitit else ""
+    return f"sweep {sweep_dir}: {told}; its table: heads-lab report {sweep_dir}{logs}"
 
 
 def prepare(overrides: list[str]) -> list[str]:

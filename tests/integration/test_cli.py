@@ -183,6 +183,10 @@ def test_a_job_failing_at_run_time_does_not_stop_the_sweep(launcher, tmp_path):
     assert [json.loads(p.read_text())["config"]["data"]["vocab_size"] for p in found] == [300]
     failed = [json.loads(p.read_text()) for p in (tmp_path / "outputs").rglob("failed.json")]
     assert [(f["job"], "too large" in f["error"]) for f in failed] == [("data.vocab_size=5000", True)]
+    sweep = found[0].parent.parent.relative_to(tmp_path)  # each launcher ends on one line
+    logs = f"; the launcher's logs: {sweep / '.submitit'}" if "submitit" in launcher else ""
+    assert f"sweep {sweep}: 1 finished, 1 failed; its table: heads-lab report {sweep}{logs}\n" \
+        in proc.stdout, proc.stdout[-2000:]
 
 
 def test_a_failed_sweep_job_run_again_is_no_longer_failed(tmp_path):
@@ -202,6 +206,9 @@ def test_a_failed_sweep_job_run_again_is_no_longer_failed(tmp_path):
     again = heads_lab(*args, cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert list(sweep.glob("*/failed.json")) == [] and len(list(sweep.glob("*/results.json"))) == 2
+    assert f"sweep {sweep}: 2 finished; its table" in again.stdout
+    once_more = heads_lab(*args[:-2], "model.heads=2,4,8", args[-1], cwd=tmp_path)
+    assert f"sweep {sweep}: 1 finished, 2 finished earlier (skipped); its table" in once_more.stdout
 
 
 def test_a_sweep_dir_holding_finished_runs_is_refused(tiny_run_dir, tmp_path):
