@@ -119,7 +119,8 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
         tracker.finish(summary=metrics)
         if ranks is not None:
             ranks.barrier()
-    except BaseException:
+    except BaseException as err:
+        tracker.stop_progress(getattr(err, "step", None))  # Preempted: where the signal stopped it
         tracker.finish(failed=True)
         raise
     _print_summary(results, overrides, run_dir)

@@ -65,7 +65,7 @@ class Preempted(HeadsLabError):
         self.stopped = f"stopped by {signal_name} at step {step}; saved {where}"
         super().__init__(f"{self.stopped}; run the same command with hydra.run.dir=<this run dir> "
                          "to resume")
-        self.signal_name = signal_name
+        self.signal_name, self.step = signal_name, step
 
 
 class PeerLost(HeadsLabError):

@@ -86,6 +86,23 @@ def test_sigkill_then_sigterm_then_resume_equals_an_uninterrupted_run(uninterrup
     assert (run_dir / "checkpoints" / "best.pt").is_file()
 
 
+@pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)
+def test_a_stopped_runs_progress_bar_ends_where_the_signal_stopped_it(tmp_path):
+    """The bar's last line shows the step SIGTERM stopped training at (it showed the last logged
+    step, here 0, as the signal ends training between two logged steps)."""
+    run_dir = tmp_path / "run"
+    proc = _start(run_dir, tmp_path)
+    _wait_for_checkpoint(run_dir, proc)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 143, err
+    (line,) = [line for line in err.splitlines() if line.startswith("error: ")]
+    stopped_at = int(line.split("at step ", 1)[1].split(";", 1)[0])
+    assert stopped_at > 0  # (typically 5 or 6: the first checkpoint is at 4, the first log at 10)
+    bars = [line for line in out.splitlines() if line.startswith("train ")]
+    assert bars and f" step {stopped_at}/40 " in bars[-1], (bars, stopped_at)
+
+
 def test_eval_reevaluates_and_averages_without_touching_the_run(uninterrupted, tmp_path):
     run_dir = Path(uninterrupted["run_dir"])
     before = (run_dir / "results.json").read_bytes()
