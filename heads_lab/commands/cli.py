@@ -251,8 +251,15 @@ def info_command(args: list[str]) -> int:
         from heads_lab.commands.hf import info_hf  # lazy: start-up time (torch, transformers)
 
         return info_hf(overrides, "--json" in args)
-    jobs, accounts, every = [], {}, sweeps.job_overrides(overrides)
-    for job in every:  # a preset's sweep (+experiment=...) too
+    return _print_accounts(*_sweep_columns(overrides), as_json="--json" in args)
+
+
+def _sweep_columns(overrides: list[str]) -> tuple[list, list[int], str | None]:
+    """Every config of the sweep (the command line's lists and a preset's own sweep), one
+    column per distinct account; how many configs each stands for; the note saying so."""
+    jobs, accounts, counts = [], {}, {}
+    every = sweeps.job_overrides(overrides)
+    for job in every:
         run = to_object(compose(job))
         validate(run)
         column = _account_column("", run)
@@ -260,6 +267,7 @@ def info_command(args: list[str]) -> int:
         if key not in accounts:  # seeds, data sizes, trainer settings: the same account
             jobs.append(job)
             accounts[key] = column
+        counts[key] = counts.get(key, 0) + 1
     varying = [i for i in range(len(jobs[0])) if len({job[i] for job in jobs}) > 1]
     fixed = [i for i in range(len(jobs[0])) if len({job[i] for job in every}) == 1]
     columns = [(" ".join(job[i] for i in varying or fixed) or "defaults", *column[1:])
@@ -267,7 +275,7 @@ def info_command(args: list[str]) -> int:
     note = None if len(every) == len(jobs) else (
         f"{len(every)} configs, {len(jobs)} distinct accounts: configs that differ only in "
         "settings no cost depends on (seed, data size, trainer) are shown once")
-    return _print_accounts(columns, "--json" in args, note)
+    return columns, list(counts.values()), note
 
 
 def _info_runs(run_dirs: list[Path], as_json: bool) -> int:
@@ -275,7 +283,7 @@ def _info_runs(run_dirs: list[Path], as_json: bool) -> int:
     from heads_lab.commands.runs import compose_run  # lazy: the runs module (yaml, torch-free)
 
     return _print_accounts([_account_column(str(d), compose_run(d, [])[1]) for d in run_dirs],
-                           as_json)
+                           as_json=as_json)
 
 
 def _account_column(label: str, run):
@@ -283,12 +291,16 @@ def _account_column(label: str, run):
     return label, run.model, account(run.model, run.data.vocab_size, lengths)
 
 
-def _print_accounts(columns: list, as_json: bool, note: str | None = None) -> int:
+def _print_accounts(columns: list, counts: list[int] | None = None, note: str | None = None,
+                    as_json: bool = False) -> int:
     """The accounts side by side (a table) and the note under it, or as JSON: each with the
-    model settings the table shows (attention, heads, d_k, layers)."""
+    model settings the table shows (attention, heads, d_k, layers) and how many of the
+    sweep's configs it stands for (`counts`; 1 each by default)."""
     if as_json:
-        print(json.dumps([{"config": label, "model": _model_fields(model), **acct}
-                          for label, model, acct in columns], indent=2))
+        counts = counts or [1] * len(columns)
+        print(json.dumps([{"config": label, "configs": n, "model": _model_fields(model), **acct}
+                          for (label, model, acct), n in zip(columns, counts, strict=True)],
+                         indent=2))
         return 0
     # lazy: start-up time (rich); bench's spawned peak-RSS children re-import this module
     from heads_lab.output.tracking import console, cost_table

@@ -124,7 +124,7 @@ def prune_hf(spec: str, args: list[str]) -> int:
     if p.method.value != "importance":
         raise ConfigError("prune hf:... runs method=importance (Michel et al.); Hard Concrete "
                           "gates need fine-tuning, which heads-lab does for its own models only")
-    for warning in unread_prune_settings(args, "prune", p):
+    for warning in unread_prune_settings(args, "prune hf", p):
         console.print(f"warning: {warning}")
     device = _device(run)
     pre = load(spec, device)

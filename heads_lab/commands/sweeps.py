@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -321,7 +322,7 @@ class CountFailures(Callback):
     say so in their failed.json; those written since the sweep started are this sweep's."""
 
     def on_multirun_start(self, config, **kwargs) -> None:
-        self.started = time.time() - 1  # file times may be coarser than time.time()
+        self.started = _start_mark(Path(str(config.hydra.sweep.dir)))
         target = str(config.hydra.launcher.get("_target_", ""))
         if target in WORKER_LAUNCHERS:
             for arm in list(_ARM):  # forward_stop_signals: stop signals reach the workers
@@ -343,13 +344,28 @@ class CountFailures(Callback):
                 job = path.parent.name
             if job not in FAILED_JOBS:
                 FAILED_JOBS.append(job)
-        target = str(config.hydra.launcher.get("_target_", ""))
-        print(sweep_summary(Path(str(config.hydra.sweep.dir)), started, "submitit" in target))
+        folder = config.hydra.launcher.get("submitit_folder")  # submitit's: ${hydra.sweep.dir}/.submitit/%j
+        logs = Path(str(folder).split("%j", 1)[0]) if folder else None
+        print(sweep_summary(Path(str(config.hydra.sweep.dir)), started, logs))
 
 
-def sweep_summary(sweep_dir: Path, started: float, submitit: bool = False) -> str:
-    """One line at a sweep's end, whichever launcher ran it (submitit's jobs print nothing
-    here): how many jobs finished now, earlier (skipped), failed or stopped, and the next step."""
+def _start_mark(sweep_dir: Path) -> float:
+    """The sweep's start by the clock that stamps its files (a cluster node's or a file
+    server's may differ from this machine's): the time of a file written now in the sweep dir."""
+    mark = sweep_dir / ".sweep_started"
+    try:
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        mark.unlink(missing_ok=True)
+        mark.write_text("")
+        return mark.stat().st_mtime
+    except OSError:
+        return time.time() - 1  # file times may be coarser than time.time()
+
+
+def sweep_summary(sweep_dir: Path, started: float, logs: Path | None = None) -> str:
+    """One line at a sweep's end, whichever launcher ran it: how many jobs finished now,
+    earlier (skipped), failed or stopped, the command for its table, and `logs`, the launcher's
+    log folder (submitit's jobs print nothing to the sweep's console)."""
     def count(name: str, now: bool = True) -> int:
         return sum((p.stat().st_mtime >= started) == now for p in sweep_dir.glob(f"*/{name}"))
 
@@ -357,8 +373,8 @@ def sweep_summary(sweep_dir: Path, started: float, submitit: bool = False) -> st
               count("results.json", now=False), "failed": len(FAILED_JOBS),
               "stopped": count("stopped.json")}
     told = ", ".join(f"{n} {what}" for what, n in counts.items() if n) or "no job ran"
-    logs = f"; the launcher's logs: {sweep_dir / '.submitit'}" if submitit else ""
-    return f"sweep {sweep_dir}: {told}; its table: heads-lab report {sweep_dir}{logs}"
+    where = f"; the launcher's logs: {logs}" if logs else ""
+    return f"sweep {sweep_dir}: {told}; its table: heads-lab report {shlex.quote(str(sweep_dir))}{where}"
 
 
 def prepare(overrides: list[str]) -> list[str]:

@@ -13,23 +13,27 @@ READS = {  # what `heads-lab prune` reads, by method
 
 
 def unread_prune_settings(overrides: list[str], command: str, prune) -> list[str]:
-    """A warning line for each prune.KEY=VALUE of `overrides` that `command` ("train" or
-    "prune") does not read with the config `prune` (a PruneConfig)."""
+    """A warning line for each prune.KEY=VALUE of `overrides` that `command` ("train", "prune",
+    or "prune hf", which runs method=importance only) does not read with the config `prune` (a
+    PruneConfig)."""
     method = getattr(prune.method, "value", prune.method)
     warnings = []
     for item in overrides:
         key, _, _ = item.lstrip("+~").partition("=")
         name = key.removeprefix("prune.")
-        if name == key and not (command == "prune" and name == "method"):
-            continue  # not a prune setting (prune's own shorthand method= aside)
+        if name == key:
+            continue  # not a prune setting
         if command == "train":
             if name == "l0_lambda" or (name in GATES and prune.l0_lambda > 0):
                 continue
             why = ("head gates train only with prune.l0_lambda > 0" if name in GATES else
-                   "it is a setting of heads-lab prune, which reads it from this run's config")
+                   "it is a setting of heads-lab prune, which reads it from this run's config"
+                   if prune.l0_lambda == 0 else "it is a setting of heads-lab prune, which "
+                   "does not prune a run trained with gates")
             warnings.append(f"{item} has no effect on this training: {why}")
         elif name not in READS[method]:
-            other = "gates" if method == "importance" else "importance"
-            warnings.append(f"{item} has no effect with method={method}: only method={other} "
-                            "reads it")
+            other = ("prune hf:... runs method=importance only" if command == "prune hf" else
+                     f"only method={'gates' if method == 'importance' else 'importance'} "
+                     "reads it")
+            warnings.append(f"{item} has no effect with method={method}: {other}")
     return warnings

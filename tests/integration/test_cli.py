@@ -697,6 +697,7 @@ def test_info_accounts_a_presets_own_sweep_once_per_distinct_config(tmp_path):
     rows = json.loads(heads_lab("info", "--json", "+experiment=table_a", cwd=tmp_path).stdout)
     assert [r["config"] for r in rows] == [f"model.heads={h}" for h in (1, 4, 8, 16, 32)]
     assert [r["model"]["d_k"] for r in rows] == [256, 64, 32, 16, 8]
+    assert [r["configs"] for r in rows] == [3] * 5  # each stands for its three seeds
     rows = json.loads(heads_lab("info", "--json", "+experiment=table_a", "model.heads=1,8",
                                 cwd=tmp_path).stdout)
     assert [r["model"]["heads"] for r in rows] == [1, 8]

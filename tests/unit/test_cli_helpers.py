@@ -206,3 +206,28 @@ def test_a_sweep_job_is_named_by_what_the_sweep_varies(monkeypatch):
     monkeypatch.setenv(sweeps.SWEEP_KEYS_ENV, "[]")  # `-m` with nothing varying
     label = sweeps.job_label(["model=tiny"], 0)
     assert label == "job 0" and sweeps.job_title(0, label) == "job 0"  # was 'job 0 (0)'
+
+
+def test_a_sweeps_last_line_counts_its_jobs_against_a_file_written_at_its_start(tmp_path):
+    """Finished now or earlier (skipped) is told by file times against a file the sweep wrote
+    at its start (the same file clock); the report command is quoted for the shell."""
+    from heads_lab.commands import sweeps
+
+    sweep = tmp_path / "my sweep"
+    (sweep / "0_a").mkdir(parents=True)
+    (sweep / "0_a" / "results.json").write_text("{}")
+    os.utime(sweep / "0_a" / "results.json", (1, 1))  # a job finished by an earlier sweep
+    started = sweeps._start_mark(sweep)
+    assert (sweep / ".sweep_started").stat().st_mtime == started
+    for job, name in (("1_b", "results.json"), ("2_c", "stopped.json")):
+        (sweep / job).mkdir()
+        (sweep / job / name).write_text("{}")
+    before = list(sweeps.FAILED_JOBS)
+    sweeps.FAILED_JOBS[:] = ["model.heads=3"]
+    try:
+        line = sweeps.sweep_summary(sweep, started, sweep / ".submitit")
+    finally:
+        sweeps.FAILED_JOBS[:] = before
+    assert line == (f"sweep {sweep}: 1 finished, 1 finished earlier (skipped), 1 failed, "
+                    f"1 stopped; its table: heads-lab report '{sweep}'; the launcher's logs: "
+                    f"{sweep / '.submitit'}")

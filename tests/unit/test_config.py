@@ -162,6 +162,13 @@ def test_settings_a_command_does_not_read_are_named():
         "which reads it from this run's config"]
     assert unread_prune_settings(["+prune.gate_lr=0.1", "prune.sites=[enc-self]"], "train",
                                  gates) == []
+    assert unread_prune_settings(["prune.steps=9"], "train", gates) == [
+        "prune.steps=9 has no effect on this training: it is a setting of heads-lab prune, which "
+        "does not prune a run trained with gates"]
+    assert unread_prune_settings(["prune.gate_lr=0.1", "prune.step=0.2"], "prune hf",
+                                 no_gates) == [
+        "prune.gate_lr=0.1 has no effect with method=importance: prune hf:... runs "
+        "method=importance only"]
     importance = ["method=importance", "prune.step=0.2", "prune.sites=[enc-self]",
                   "prune.split=test", "prune.steps=9", "prune.init_keep=0.5"]
     assert unread_prune_settings(importance, "prune", no_gates) == [
