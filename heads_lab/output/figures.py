@@ -132,8 +132,8 @@ def metric_grids(grids: Mapping[str, Mapping[str, Sequence[Sequence[float | None
                  out_dir: Path, titles: Mapping[str, Mapping[str, str]] | None = None
                  ) -> list[Path]:
     """heads_<metric>.png per metric: one layer×head heatmap per site, one colour scale per
-    metric, grey cells where nothing was measured (None or NaN); `titles` (metric → site →
-    panel title) say which heads a panel shows."""
+    metric, grey cells where nothing was measured (None or NaN), and no file for a metric
+    measured nowhere; `titles` (metric → site → panel title) say which heads a panel shows."""
     import matplotlib.colors as mcolors  # lazy: start-up time (matplotlib)
     from matplotlib import colormaps  # lazy: start-up time (matplotlib)
 
@@ -145,6 +145,8 @@ def metric_grids(grids: Mapping[str, Mapping[str, Sequence[Sequence[float | None
         if not sites:
             continue
         arrays = [_grid(s, by_site[s], metric) for s in sites]
+        if all(np.isnan(a).all() for a in arrays):
+            continue  # nothing measured (the console and analysis.md say why): no empty figure
         lo, hi, diverging = _limits(arrays)
         cmap = colormaps["RdBu_r" if diverging else "viridis"].with_extremes(bad=MISSING_COLOUR)
         norm = mcolors.Normalize(lo, hi)

@@ -105,8 +105,9 @@ def test_analyze_a_treebank_with_and_without_its_translations(trained, tmp_path)
     assert syntax["relations"]["obl dep→head"]["arcs"] == 2  # obl:arg and obl:tmod
     assert "sentences matched to their trees: 2 of 3 (66.7 %)" in " ".join(stdout.split())
     assert (out / "attention_s0_enc-self_l0_h1.png").is_file()
-    # says why importance is missing and how to get it (its figure is all grey, "not measured")
+    # says why importance is missing and how to get it, and draws no empty figure of it
     assert "importance: not measured" in stdout and "analysis.treebank_ref=" in stdout
+    assert not (out / "heads_importance.png").exists() and (out / "heads_confidence.png").is_file()
     assert "LRP: not measured" in stdout and all("lrp" not in h or h["lrp"] is None
                                                  for h in alone["heads"])
     assert "importance: not measured" in (out / "analysis.md").read_text()

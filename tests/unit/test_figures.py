@@ -53,17 +53,20 @@ def test_metric_grids_one_png_per_metric_with_missing_cells_and_sites(tmp_path):
     grids = {
         "confidence": {"enc-self": enc, "dec-enc": grid(rng, 2, 6)},  # dec-self absent
         "syntactic_gain": {"dec-self": (rng.normal(size=(2, 6)) * 0.1).tolist()},  # both signs
-        "importance": {"enc-self": [[None] * 6] * 4},  # nothing measured
+        "importance": {"enc-self": [[None] * 6] * 4},  # nothing measured: no file
+        "lrp": {"enc-self": [[None] * 6] * 4, "dec-enc": [[0.5] * 6] * 2},  # one site measured
         "rare_share": {},  # no site: no file
     }
     paths = figures.metric_grids(grids, tmp_path / "new" / "dir")
     assert [p.name for p in paths] == ["heads_confidence.png", "heads_syntactic_gain.png",
-                                       "heads_importance.png"]
+                                       "heads_lrp.png"]
+    assert sorted(p.name for p in (tmp_path / "new" / "dir").iterdir()) == sorted(
+        p.name for p in paths)
     images = {p.stem: read_png(p) for p in paths}
     # the None cell is a grey block; with every cell measured there is none
     assert pixels_of(images["heads_confidence"], figures.MISSING_COLOUR) > 1000
     assert pixels_of(images["heads_syntactic_gain"], figures.MISSING_COLOUR) < 300
-    assert pixels_of(images["heads_importance"], figures.MISSING_COLOUR) > 24 * 1000
+    assert pixels_of(images["heads_lrp"], figures.MISSING_COLOUR) > 24 * 1000  # enc-self
     # two sites side by side make a wider figure than one
     assert images["heads_confidence"].shape[1] > images["heads_syntactic_gain"].shape[1]
 
