@@ -60,7 +60,7 @@ def refuse_finished_run_dir(overrides: list[str]) -> None:
         where = dir_override(item, key)
         if where is None:
             continue
-        finished = sorted(where.rglob("results.json")) if where.is_dir() else []
+        finished = finished_runs(where) if where.is_dir() else []
         if not finished:
             continue
         if not sweep:
@@ -73,6 +73,14 @@ def refuse_finished_run_dir(overrides: list[str]) -> None:
                 done = {}
             if done not in jobs:  # a finished job of this very sweep is skipped, not refused
                 raise finished_run(path.parent, key)
+
+
+def finished_runs(where: Path) -> list[Path]:
+    """The results.json of the train runs under `where`; not those of runs derived from one
+    and kept inside it (heads-lab prune's gates runs, <run>/prune/...)."""
+    found = sorted(where.rglob("results.json"))
+    runs = {p.parent for p in found} | {p.parent.parent for p in where.rglob(".hydra/config.yaml")}
+    return [p for p in found if not any(a in runs for a in p.parent.parents)]
 
 
 def by_key(overrides: list[str]) -> dict[str, str]:

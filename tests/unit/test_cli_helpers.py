@@ -231,3 +231,29 @@ def test_a_sweeps_last_line_counts_its_jobs_against_a_file_written_at_its_start(
     assert line == (f"sweep {sweep}: 1 finished, 1 finished earlier (skipped), 1 failed, "
                     f"1 stopped; its table: heads-lab report '{sweep}'; the launcher's logs: "
                     f"{sweep / '.submitit'}")
+
+
+def test_a_prune_run_inside_a_sweep_job_does_not_make_the_sweep_dir_refused(tmp_path):
+    """heads-lab prune method=gates keeps a results.json of its own in <job>/prune/...: running
+    the sweep again into its dir skips its finished jobs as before, and a rerun into a single
+    run's dir is refused naming the run, not the prune dir inside it."""
+    import json
+
+    from heads_lab.commands.sweeps import refuse_finished_run_dir
+
+    sweep = tmp_path / "sweep"
+    for n, heads in enumerate((2, 4)):
+        job = sweep / f"{n}_model.heads={heads}"
+        (job / ".hydra").mkdir(parents=True)
+        (job / ".hydra" / "config.yaml").write_text("{}")
+        (job / "results.json").write_text(json.dumps({"overrides": [f"model.heads={heads}"]}))
+    gates = sweep / "0_model.heads=2" / "prune" / "12-00-00_prune.method=gates"
+    gates.mkdir(parents=True)
+    (gates / "results.json").write_text(json.dumps({"overrides": ["prune.method=gates"]}))
+    refuse_finished_run_dir(["-m", "model.heads=2,4", f"hydra.sweep.dir={sweep}"])  # no error
+    with pytest.raises(Exception, match="already holds a finished run") as err:
+        refuse_finished_run_dir(["-m", "model.heads=2,8", f"hydra.sweep.dir={sweep}"])
+    assert "1_model.heads=4" in str(err.value) and "/prune/" not in str(err.value)
+    with pytest.raises(Exception, match="already holds a finished run") as err:
+        refuse_finished_run_dir([f"hydra.run.dir='{sweep / '0_model.heads=2'}'"])
+    assert str(err.value).startswith(f"{sweep / '0_model.heads=2'} already holds")
