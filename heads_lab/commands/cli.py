@@ -1,6 +1,6 @@
-"""`heads-lab <command> [hydra overrides]`: the dispatcher. train and info run here (train under
-Hydra, its sweep plumbing in heads_lab/commands/sweeps.py); eval, analyze, prune, report and bench are a
-module each. User errors (config, data, checkpoint) become one line on stderr and exit 2."""
+"""`heads-lab <command> [hydra overrides]`: the dispatcher. train runs here (under Hydra, its
+sweep plumbing in heads_lab/commands/sweeps.py); info, eval, analyze, prune, report and bench are
+a module each. User errors (config, data, checkpoint) become one line on stderr and exit 2."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from hydra.types import RunMode
 from omegaconf.errors import OmegaConfBaseException
 
 from heads_lab import __version__
-from heads_lab.commands import sweep_signals, sweeps
+from heads_lab.commands import sweep_end, sweep_signals, sweeps
 from heads_lab.config.compose import (
     compose,
     config_dir,
@@ -30,10 +30,8 @@ from heads_lab.config.compose import (
     to_dict,
     to_object,
 )
-from heads_lab.config.cost import Lengths, account
 from heads_lab.config.validate import validate
 from heads_lab.errors import ConfigError, HeadsLabError, one_line
-from heads_lab.hf import is_hf
 
 USAGE = """usage: heads-lab <command> [overrides]
 
@@ -135,7 +133,7 @@ def _run_hydra(task: Callable, command: str, overrides: list[str]) -> int:
             entry()
     finally:
         _leave_process_group()
-    return sweeps.failures()
+    return sweep_end.failures()
 
 
 @contextlib.contextmanager
@@ -212,110 +210,11 @@ def train_command(args: list[str]) -> int:
     return _run_hydra(train_task, "train", args)
 
 
-INFO_HELP = """usage: heads-lab info [overrides | run dirs | hf:<model>s] [--json]
-
-What a config costs, from the config alone (no data, no training): parameters (embeddings,
-attention, talking-heads mixes, feed-forward), FLOPs per target token for training and greedy
-decoding, and the attention weights' memory per layer, at cost.src_len / cost.tgt_len tokens.
-Comma lists compare configs side by side, as `train -m` would run them, and so does a preset's
-own sweep (+experiment=table_a: one column per head count); configs that differ only in
-settings no cost depends on (seed, data size, trainer) are shown once. Run dirs are accounted
-from their saved configs; hf:<hub name or dir>s show pretrained models' heads, layers,
-parameters and forward FLOPs (the hf extra).
---json prints the accounts as JSON, each with the model settings the table shows.
-  e.g. heads-lab info model=base model.heads=1,8,32
-       heads-lab info +experiment=table_a_tatoeba --json
-       heads-lab info outputs/runs/<date>/<time>
-       heads-lab info hf:bert-base-uncased hf:distilbert-base-uncased
-"""
-
-
 def info_command(args: list[str]) -> int:
-    """`heads-lab info [overrides | run dirs] [--json]`: the cost account of one config, of each
-    config of a comma-list sweep side by side, or of trained runs (their saved configs); composes
-    the config only (no data, no training)."""
-    if "-h" in args or "--help" in args:
-        print(INFO_HELP, end="")
-        return 0
-    unknown = [a for a in args if a.startswith("-") and a != "--json"]
-    if unknown:
-        raise ConfigError(f"info: unknown option {unknown[0]}; info takes config overrides "
-                          "(model.heads=1,8,32), hf:<model>s or run dirs, and --json")
-    overrides = [a for a in args if a != "--json"]
-    if overrides and all(not is_hf(a) and Path(a).is_dir() for a in overrides):
-        return _info_runs([Path(a) for a in overrides], "--json" in args)
-    if any(is_hf(a) for a in overrides):  # pretrained Hugging Face models side by side
-        if not all(is_hf(a) for a in overrides):
-            raise ConfigError("info: give either hf: models (heads-lab info hf:bert-base-uncased "
-                              "hf:distilbert-base-uncased) or config overrides, not both")
-        from heads_lab.commands.hf import info_hf  # lazy: start-up time (torch, transformers)
+    # lazy: start-up time (the verb's module)
+    from heads_lab.commands.info import main as info_main
 
-        return info_hf(overrides, "--json" in args)
-    return _print_accounts(*_sweep_columns(overrides), as_json="--json" in args)
-
-
-def _sweep_columns(overrides: list[str]) -> tuple[list, list[int], str | None]:
-    """Every config of the sweep (the command line's lists and a preset's own sweep), one
-    column per distinct account; how many configs each stands for; the note saying so."""
-    jobs, accounts, counts = [], {}, {}
-    every = sweeps.job_overrides(overrides)
-    for job in every:
-        run = to_object(compose(job))
-        validate(run)
-        column = _account_column("", run)
-        key = json.dumps([_model_fields(column[1]), column[2]], sort_keys=True, default=str)
-        if key not in accounts:  # seeds, data sizes, trainer settings: the same account
-            jobs.append(job)
-            accounts[key] = column
-        counts[key] = counts.get(key, 0) + 1
-    varying = [i for i in range(len(jobs[0])) if len({job[i] for job in jobs}) > 1]
-    fixed = [i for i in range(len(jobs[0])) if len({job[i] for job in every}) == 1]
-    columns = [(" ".join(job[i] for i in varying or fixed) or "defaults", *column[1:])
-               for job, column in zip(jobs, accounts.values(), strict=True)]
-    note = None if len(every) == len(jobs) else (
-        f"{len(every)} configs, {len(jobs)} distinct accounts: configs that differ only in "
-        "settings no cost depends on (seed, data size, trainer) are shown once")
-    return columns, list(counts.values()), note
-
-
-def _info_runs(run_dirs: list[Path], as_json: bool) -> int:
-    """`heads-lab info <run dir> ...`: each run's account, from its saved config."""
-    from heads_lab.commands.runs import compose_run  # lazy: the runs module (yaml, torch-free)
-
-    return _print_accounts([_account_column(str(d), compose_run(d, [])[1]) for d in run_dirs],
-                           as_json=as_json)
-
-
-def _account_column(label: str, run):
-    lengths = Lengths(run.cost.src_len, run.cost.tgt_len)
-    return label, run.model, account(run.model, run.data.vocab_size, lengths)
-
-
-def _print_accounts(columns: list, counts: list[int] | None = None, note: str | None = None,
-                    as_json: bool = False) -> int:
-    """The accounts side by side (a table) and the note under it, or as JSON: each with the
-    model settings the table shows (attention, heads, d_k, layers) and how many of the
-    sweep's configs it stands for (`counts`; 1 each by default)."""
-    if as_json:
-        counts = counts or [1] * len(columns)
-        print(json.dumps([{"config": label, "configs": n, "model": _model_fields(model), **acct}
-                          for (label, model, acct), n in zip(columns, counts, strict=True)],
-                         indent=2))
-        return 0
-    # lazy: start-up time (rich); bench's spawned peak-RSS children re-import this module
-    from heads_lab.output.tracking import console, cost_table
-
-    console.print(cost_table(columns))
-    if note:
-        console.print(note)
-    return 0
-
-
-def _model_fields(model) -> dict:
-    return {"attention": getattr(model.attention, "value", model.attention), "heads": model.heads,
-            "heads_k": model.heads_k, "heads_v": model.heads_v, "kv_heads": model.kv_heads,
-            "d_model": model.d_model, "d_k": model.d_head, "d_ff": model.d_ff,
-            "encoder_layers": model.encoder_layers, "decoder_layers": model.decoder_layers}
+    return info_main(args)
 
 
 def eval_command(args: list[str]) -> int:

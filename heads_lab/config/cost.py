@@ -53,6 +53,12 @@ def parameter_count(cfg: ModelConfig, vocab: int) -> dict[str, int]:
     return {"total": counts["total"], **{k: v for k, v in counts.items() if k != "total"}}
 
 
+def gate_parameters(cfg: ModelConfig, sites) -> int:
+    """Hard Concrete gates' parameters (one log α per gated head, heads_lab.model.heads) on the
+    attention layers of `sites`: the heads whose outputs enter out_proj."""
+    return sum(variant(cfg, s).counts(cfg).out * layers(cfg, s) for s in SITES if s in sites)
+
+
 def _attention_flops(cfg: ModelConfig, site: str, n: float, m: float, kv_tokens: float) -> float:
     """Forward matmul FLOPs of one attention layer: n queries over m keys, with `kv_tokens`
     key/value positions projected (m in training; 0 for a cached decoding step)."""

@@ -247,8 +247,9 @@ def cost_table(columns: list[tuple[str, Any, dict]]) -> Table:
     def row(name: str, fn) -> None:
         table.add_row(name, *[fn(cfg, acct) for _, cfg, acct in columns])
 
-    def heads(cfg, _) -> str:
-        return variant(cfg, "enc-self").label(cfg)
+    def heads(cfg, _) -> str:  # the talking heads' where they are only in some sites
+        return variant(cfg, next((s for s in SITES if s in cfg.talking_heads_in), "enc-self")
+                       ).label(cfg)
 
     def act(site):
         return lambda cfg, a: f"{a['attention_activation_bytes'][site] / 1024:.1f} KiB"
@@ -265,15 +266,19 @@ def cost_table(columns: list[tuple[str, Any, dict]]) -> Table:
     row("  attention", lambda _, a: f"{a['params']['attention']:,}")
     row("  talking-heads mix", lambda _, a: f"{a['params']['talking_heads']:,}")
     row("  ffn + norms", lambda _, a: f"{a['params']['ffn'] + a['params']['norm']:,}")
+    if any("head_gates" in a["params"] for _, _, a in columns):  # gates from scratch
+        row("  head gates (log α)", lambda _, a: f"{a['params'].get('head_gates', 0):,}")
     row("FLOPs/token train", lambda _, a: _si(a["flops_per_token"]["train"]))
     row("FLOPs/token decode", lambda _, a: _si(a["flops_per_token"]["decode"]))
     for site in SITES:
         row(f"n·m memory {site}", act(site))
-    first = columns[0][2]["lengths"]
+    lengths = {(a["lengths"]["src"], a["lengths"]["tgt"]) for _, _, a in columns}
+    at = (f"at source {next(iter(lengths))[0]:g} / target {next(iter(lengths))[1]:g} tokens"
+          if len(lengths) == 1 else "at each column's source / target lengths")
     table.caption = (  # plain text: the consoles print without markup
         f"FLOPs per target token: 2 per multiply-add of every matmul; train = forward + "
-        f"backward; decode = greedy with KV cache (×beam for beam search); at source "
-        f"{first['src']:g} / target {first['tgt']:g} tokens (cost.src_len, cost.tgt_len). "
+        f"backward; decode = greedy with KV cache (×beam for beam search); {at} "
+        "(cost.src_len, cost.tgt_len; a trained run's: its training data's means). "
         "n·m memory: the [heads, n, m] fp32 tensors one layer keeps for backward, per sentence "
         "pair, on the CPU matmul path (a GPU's fused multi-head kernel keeps none).")
     return table

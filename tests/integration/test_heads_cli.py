@@ -319,6 +319,13 @@ def test_gates_from_scratch_report_heads_kept_and_evaluate_again(tmp_path):
     m = json.loads(found.read_text())["metrics"]
     for site in ("enc-self", "dec-self", "dec-enc"):
         assert 0 <= m[f"heads_kept/{site}"] <= 8
+    # info of the run counts its gates (one log α per head) among the trained parameters
+    (row,) = json.loads(heads_lab("info", "--json", str(found.parent), cwd=tmp_path).stdout)
+    results = json.loads(found.read_text())
+    model = results["config"]["model"]
+    layers = model["encoder_layers"] + 2 * model["decoder_layers"]  # self; self and cross
+    assert row["params"]["head_gates"] == model["heads"] * layers == 4 * 6
+    assert row["params"]["total"] == results["params"]["total"] == m["cost/params"]
     again = heads_lab("eval", str(found.parent), "eval.beam=1", cwd=tmp_path)  # gates reload
     assert again.returncode == 0, again.stderr
     analyzed = heads_lab("analyze", str(found.parent), "analysis.max_sentences=10", cwd=tmp_path)

@@ -36,6 +36,20 @@ def test_parameter_formula_matches_the_built_model(variant):
     assert parameter_count(cfg, 97) == counted
 
 
+@pytest.mark.parametrize("variant", GRID[:11])
+@pytest.mark.parametrize("sites", [("enc-self", "dec-self", "dec-enc"), ("dec-enc",)])
+def test_gate_parameters_are_the_installed_gates(variant, sites):
+    """One log α per gated head: the formula against Hard Concrete gates on the built model."""
+    from heads_lab.config.cost import gate_parameters
+    from heads_lab.config.schemas import PruneConfig
+    from heads_lab.model.heads import install_gates
+
+    cfg = ModelConfig(**{"d_model": 64, "heads": 8, "d_ff": 128, "encoder_layers": 2,
+                         "decoder_layers": 3, **variant})
+    gates = install_gates(Transformer(cfg, 97), PruneConfig(sites=list(sites), l0_lambda=0.1))
+    assert gate_parameters(cfg, sites) == sum(p.numel() for p in gates.parameters())
+
+
 def test_talking_heads_extra_is_hk_h_plus_h_hv_per_layer():
     cfg = ModelConfig(d_model=96, heads=12, attention=TH, encoder_layers=1, decoder_layers=1)
     params = parameter_count(cfg, 50)
