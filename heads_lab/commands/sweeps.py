@@ -8,24 +8,20 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shlex
 import shutil
 import sys
 import time
 from pathlib import Path
 
 from hydra.errors import HydraException
-from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf.errors import OmegaConfBaseException
 
 from heads_lab.commands.overrides import check_parses, dir_override
+from heads_lab.commands.sweep_end import FAILED_JOBS, record_failure, record_stopped
 from heads_lab.commands.sweep_signals import (
-    _ARM,
-    SLURM_LAUNCHER,
     STOPPING,
     SWEEP_PID_ENV,
-    WORKER_LAUNCHERS,
     dir_arg,
     in_worker,
     pass_on,
@@ -36,13 +32,11 @@ from heads_lab.commands.sweep_signals import (
 from heads_lab.config.compose import compose, expand_sweeps, to_object
 from heads_lab.config.validate import validate
 from heads_lab.errors import ConfigError, HeadsLabError, finished_run, one_line
-from heads_lab.output.files import write_json
 from heads_lab.output.trackers import RUN_FILES, check_installed
 from heads_lab.training import stops
 
 RERUN_ENV = "HEADS_LAB_RERUN"  # --rerun, for this process and launchers' worker processes
 SWEEP_KEYS_ENV = "HEADS_LAB_SWEEP_KEYS"
-FAILED_JOBS: list[str] = []
 FIXED_OVERRIDES: set[str] = set()  # a sweep's overrides that every job shares
 
 
@@ -307,84 +301,6 @@ def not_started(hydra_cfg) -> bool:
     return True
 
 
-def record_stopped(run_dir: Path, signal_name: str, job: str, what: str) -> None:
-    """A sweep job stopped by a signal in a worker process says so in its run dir (stopped.json),
-    for `heads-lab report`."""
-    with contextlib.suppress(OSError):
-        write_json(run_dir / "stopped.json", {"status": "stopped", "job": job,
-                                              "signal": signal_name, "error": what})
-
-
-def record_failure(run_dir: Path, error: str, job: str) -> None:
-    """A failed sweep job says so in its run dir (failed.json), for `heads-lab report` and for
-    the sweep's exit code when the job ran in another process (joblib, submitit, SLURM)."""
-    try:
-        write_json(run_dir / "failed.json", {"status": "failed", "job": job, "error": error})
-    except OSError:
-        pass
-
-
-class CountFailures(Callback):
-    """Hydra callback (conf/hydra/default.yaml): a sweep's failed jobs counted in the process that
-    runs the sweep, whichever launcher ran them. Jobs in other processes (joblib, submitit, SLURM)
-    say so in their failed.json; those written since the sweep started are this sweep's."""
-
-    def on_multirun_start(self, config, **kwargs) -> None:
-        self.started = _start_mark(Path(str(config.hydra.sweep.dir)))
-        target = str(config.hydra.launcher.get("_target_", ""))
-        if target in WORKER_LAUNCHERS:
-            for arm in list(_ARM):  # forward_stop_signals: stop signals reach the workers
-                arm(str(config.hydra.sweep.dir))
-        if target == SLURM_LAUNCHER:  # a requeued job is waited for, not taken as failed
-            from heads_lab.commands.slurm import use_checked_watcher  # lazy: submitit
-
-            use_checked_watcher()
-
-    def on_multirun_end(self, config, **kwargs) -> None:
-        started = getattr(self, "started", 0.0)
-        for path in sorted(Path(str(config.hydra.sweep.dir)).glob("*/failed.json"),
-                           key=lambda p: p.parent.name):
-            try:
-                if path.stat().st_mtime < started:
-                    continue
-                job = json.loads(path.read_text()).get("job") or path.parent.name
-            except (OSError, json.JSONDecodeError):
-                job = path.parent.name
-            if job not in FAILED_JOBS:
-                FAILED_JOBS.append(job)
-        folder = config.hydra.launcher.get("submitit_folder")  # submitit's: ${hydra.sweep.dir}/.submitit/%j
-        logs = Path(str(folder).split("%j", 1)[0]) if folder else None
-        print(sweep_summary(Path(str(config.hydra.sweep.dir)), started, logs))
-
-
-def _start_mark(sweep_dir: Path) -> float:
-    """The sweep's start by the clock that stamps its files (a cluster node's or a file
-    server's may differ from this machine's): the time of a file written now in the sweep dir."""
-    mark = sweep_dir / ".sweep_started"
-    try:
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        mark.unlink(missing_ok=True)
-        mark.write_text("")
-        return mark.stat().st_mtime
-    except OSError:
-        return time.time() - 1  # file times may be coarser than time.time()
-
-
-def sweep_summary(sweep_dir: Path, started: float, logs: Path | None = None) -> str:
-    """One line at a sweep's end, whichever launcher ran it: how many jobs finished now,
-    earlier (skipped), failed or stopped, the command for its table, and `logs`, the launcher's
-    log folder (submitit's jobs print nothing to the sweep's console)."""
-    def count(name: str, now: bool = True) -> int:
-        return sum((p.stat().st_mtime >= started) == now for p in sweep_dir.glob(f"*/{name}"))
-
-    counts = {"finished": count("results.json"), "finished earlier (skipped)":
-              count("results.json", now=False), "failed": len(FAILED_JOBS),
-              "stopped": count("stopped.json")}
-    told = ", ".join(f"{n} {what}" for what, n in counts.items() if n) or "no job ran"
-    where = f"; the launcher's logs: {logs}" if logs else ""
-    return f"sweep {sweep_dir}: {told}; its table: heads-lab report {shlex.quote(str(sweep_dir))}{where}"
-
-
 def prepare(overrides: list[str]) -> list[str]:
     """Before Hydra starts: read --rerun, refuse a finished run dir, check the dirs are
     writable and every sweep job composes; --rerun (RERUN_ENV) and the settings a sweep varies
@@ -412,12 +328,3 @@ def prepare(overrides: list[str]) -> list[str]:
     FIXED_OVERRIDES.clear()
     FIXED_OVERRIDES.update(o for o in overrides if "," not in o.split("=", 1)[-1])
     return overrides
-
-
-def failures() -> int:
-    """After the sweep: its failed jobs on stderr in one line; the exit code (2 if any)."""
-    if FAILED_JOBS:
-        print(f"error: {len(FAILED_JOBS)} job(s) of the sweep failed: {'; '.join(FAILED_JOBS)} "
-              "(each job's error is in its run dir's failed.json)", file=sys.stderr)
-        return 2
-    return 0

@@ -692,7 +692,7 @@ def test_info_accounts_a_presets_own_sweep_once_per_distinct_config(tmp_path):
     the preset's, as in `train -m`."""
     proc = heads_lab("info", "+experiment=table_a", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert "15 configs, 5 distinct accounts" in proc.stdout
+    assert "15 configs shown as 5: configs that differ only outside the model" in proc.stdout
     assert "the [heads, n, m] fp32 tensors" in proc.stdout  # the caption as written, no markup
     rows = json.loads(heads_lab("info", "--json", "+experiment=table_a", cwd=tmp_path).stdout)
     assert [r["config"] for r in rows] == [f"model.heads={h}" for h in (1, 4, 8, 16, 32)]
@@ -701,8 +701,11 @@ def test_info_accounts_a_presets_own_sweep_once_per_distinct_config(tmp_path):
     rows = json.loads(heads_lab("info", "--json", "+experiment=table_a", "model.heads=1,8",
                                 cwd=tmp_path).stdout)
     assert [r["model"]["heads"] for r in rows] == [1, 8]
+    rows = json.loads(heads_lab("info", "--json", "model.attention=talking_heads",
+                                "model.mixes=logits,weights", cwd=tmp_path).stdout)
+    assert [r["config"] for r in rows] == ["model.mixes=logits", "model.mixes=weights"]
     proc = heads_lab("info", "model.heads=8", "seed=1,2", cwd=tmp_path)
-    assert "2 configs, 1 distinct accounts" in proc.stdout
+    assert "2 configs shown as 1" in proc.stdout
     assert "model.heads=8" in proc.stdout and "seed=1" not in proc.stdout  # not one seed's
 
 
@@ -740,6 +743,11 @@ def test_info_bad_config_is_one_line(tmp_path):
                            "info: unknown option --jsn", "--json")
     _assert_one_line_error(heads_lab("info", str(tmp_path), cwd=tmp_path),
                            "is not a heads-lab run dir")
+    _assert_one_line_error(heads_lab("info", str(tmp_path / "nope"), cwd=tmp_path),
+                           f"info: no run dir {tmp_path / 'nope'}; give the dirs")
+    _assert_one_line_error(heads_lab("info", "./nope", cwd=tmp_path), "info: no run dir ./nope")
+    _assert_one_line_error(heads_lab("info", str(tmp_path), "model.heads=8", cwd=tmp_path),
+                           "info: give either run dirs or config overrides, not both")
 
 
 def test_info_of_a_run_dir_is_its_own_configs_account(tiny_run_dir, tmp_path):
@@ -752,3 +760,6 @@ def test_info_of_a_run_dir_is_its_own_configs_account(tiny_run_dir, tmp_path):
     assert row["config"] == str(tiny_run_dir)
     assert row["params"]["total"] == results["params"]["total"] == results["metrics"]["cost/params"]
     assert row["model"]["heads"] == results["config"]["model"]["heads"]
+    # at its training data's mean lengths, as the run's own account (not cost.src_len's 20)
+    assert row["lengths"] == results["cost"]["lengths"] != {"src": 20.0, "tgt": 20.0}
+    assert row["flops_per_token"] == results["cost"]["flops_per_token"]

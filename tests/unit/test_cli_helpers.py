@@ -211,7 +211,9 @@ def test_a_sweep_job_is_named_by_what_the_sweep_varies(monkeypatch):
 def test_a_sweeps_last_line_counts_its_jobs_against_a_file_written_at_its_start(tmp_path):
     """Finished now or earlier (skipped) is told by file times against a file the sweep wrote
     at its start (the same file clock); the report command is quoted for the shell."""
-    from heads_lab.commands import sweeps
+    import json
+
+    from heads_lab.commands import sweep_end as sweeps
 
     sweep = tmp_path / "my sweep"
     (sweep / "0_a").mkdir(parents=True)
@@ -219,18 +221,25 @@ def test_a_sweeps_last_line_counts_its_jobs_against_a_file_written_at_its_start(
     os.utime(sweep / "0_a" / "results.json", (1, 1))  # a job finished by an earlier sweep
     started = sweeps._start_mark(sweep)
     assert (sweep / ".sweep_started").stat().st_mtime == started
-    for job, name in (("1_b", "results.json"), ("2_c", "stopped.json")):
+    for job, name, error in (("1_b", "results.json", ""), ("2_c", "stopped.json", "stopped by "
+                             "SIGTERM at step 5"), ("3_d", "stopped.json", "not started: the sweep "
+                             "was stopped by SIGTERM")):
         (sweep / job).mkdir()
-        (sweep / job / name).write_text("{}")
+        (sweep / job / name).write_text(json.dumps({"error": error}))
     before = list(sweeps.FAILED_JOBS)
     sweeps.FAILED_JOBS[:] = ["model.heads=3"]
     try:
         line = sweeps.sweep_summary(sweep, started, sweep / ".submitit")
+        (sweep / "0_a" / "results.json").unlink()
+        (sweep / "1_b" / "results.json").unlink()
+        nothing = sweeps.sweep_summary(sweep, started)
     finally:
         sweeps.FAILED_JOBS[:] = before
     assert line == (f"sweep {sweep}: 1 finished, 1 finished earlier (skipped), 1 failed, "
-                    f"1 stopped; its table: heads-lab report '{sweep}'; the launcher's logs: "
-                    f"{sweep / '.submitit'}")
+                    f"1 stopped, 1 not started; its table: heads-lab report '{sweep}'; the "
+                    f"launcher's logs: {sweep / '.submitit'}")
+    # nothing finished: no report command to fail on
+    assert nothing == f"sweep {sweep}: 1 failed, 1 stopped, 1 not started"
 
 
 def test_a_prune_run_inside_a_sweep_job_does_not_make_the_sweep_dir_refused(tmp_path):

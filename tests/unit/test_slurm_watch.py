@@ -63,12 +63,13 @@ def test_without_an_answer_from_squeue_accounting_stands(monkeypatch, watcher, c
     assert "squeue -j 12,13,14 gave no answer (slurm_load_jobs error: Invalid job id)" in caplog.text
 
 
-def test_a_slurm_sweep_waits_through_the_checked_watcher(monkeypatch):
+def test_a_slurm_sweep_waits_through_the_checked_watcher(monkeypatch, tmp_path):
     from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob
 
-    from heads_lab.commands.sweeps import CountFailures
+    from heads_lab.commands.sweep_end import CountFailures
     from heads_lab.config.compose import compose
 
+    monkeypatch.chdir(tmp_path)  # the sweep's start marks its dir (outputs/multiruns/...)
     monkeypatch.setattr(SlurmJob, "watcher", SlurmInfoWatcher(delay_s=600))
     CountFailures().on_multirun_start(compose(["hydra/launcher=local"], hydra=True))
     assert type(SlurmJob.watcher) is SlurmInfoWatcher  # another launcher: untouched
