@@ -76,13 +76,18 @@ def one_line(err: BaseException) -> str:
         if extra:  # a launcher whose Hydra plugin is not installed
             return (f"hydra/launcher={wrong} needs its Hydra plugin: pip install "
                     f"'heads-lab[{extra}]' (installed now: {', '.join(choices)})")
+        group = options.group(2)
+        plus = "+" if group in OPTIONAL_GROUPS else ""  # not in train.yaml's defaults
         return (f"unknown config option '{options.group(1)}'"
-                f"{_did_you_mean(wrong, choices, options.group(2) + '=')}; choose "
-                f"{options.group(2)}= one of: {', '.join(choices)}")
+                f"{_did_you_mean(wrong, choices, plus + group + '=')}; choose "
+                f"{plus}{group}= one of: {', '.join(choices)}")
     merge = re.match(r"Error merging override (\S+)", first)
     if merge:
         return f"bad value in override {merge.group(1)}: {cause}; fix the value's type or spelling"
     return f"{first}{': ' + cause if cause else ''}"
+
+
+OPTIONAL_GROUPS = ("experiment", "mix", "depth", "cost_row")  # added with +group=option
 
 
 def _did_you_mean(wrong: str, candidates: list[str], prefix: str = "") -> str:

@@ -119,6 +119,7 @@ def analyze_hf(spec: str, args: list[str], started: float) -> int:
 def prune_hf(spec: str, args: list[str]) -> int:
     from heads_lab.commands.prune import plot_curves  # lazy: start-up time (torch)
 
+    args = [f"prune.{a}" if a.startswith("method=") else a for a in args]  # as prune <run> takes
     run = _config("prune", args)
     p = run.prune
     if p.method.value != "importance":

@@ -403,16 +403,22 @@ def test_pretrained_models_go_through_info_analyze_and_prune(tmp_path):
         assert set(result["functions"]) == sites
         assert all(h["importance"] is not None for h in result["heads"])
         assert "lrp" in result["not_measured"] and "not measured for this family" in proc.stdout
-    for family, args in (("marian", []), ("bert", ["data.src=en"])):
+    for family, args in (("marian", []), ("bert", ["data.src=en", "method=importance",
+                                                   "prune.gate_lr=0.2"])):
         proc = heads_lab("prune", f"hf:{tiny[family]}", "data=multi30k", *args,
                          "prune.eval_sentences=12", "prune.step=0.5", "prune.sites=[enc-self]",
                          "eval.beam=1", cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr + proc.stdout
+        assert ("warning: prune.gate_lr=0.2 has no effect with method=importance: prune hf:... "
+                "runs method=importance only" in " ".join(proc.stdout.split())) == (
+                    family == "bert")
         (found,) = (tmp_path / "outputs" / "hf").glob(f"*{family}/prune/*/prune.json")
         curve = json.loads(found.read_text())["curves"]["enc-self"]
         assert [r["fraction"] for r in curve] == [0.0, 0.5, 1.0]
         assert [r["kept"]["enc-self"] for r in curve] == [8, 4, 0]
         assert ("bleu" if family == "marian" else "accuracy") in curve[0]
+    _assert_one_line_error(heads_lab("prune", f"hf:{tiny['bert']}", "method=gates",
+                                     cwd=tmp_path), "prune hf:... runs method=importance")
 
 
 @pytest.mark.parametrize("case,fragments", [

@@ -266,3 +266,22 @@ def test_a_prune_run_inside_a_sweep_job_does_not_make_the_sweep_dir_refused(tmp_
     with pytest.raises(Exception, match="already holds a finished run") as err:
         refuse_finished_run_dir([f"hydra.run.dir='{sweep / '0_model.heads=2'}'"])
     assert str(err.value).startswith(f"{sweep / '0_model.heads=2'} already holds")
+
+
+def test_a_mistyped_option_of_an_optional_group_is_suggested_with_its_plus(tmp_path):
+    """+experiment=table_b: the suggestion keeps the + (experiment is not in train.yaml's
+    defaults); the optional groups listed are exactly the conf/ groups outside those defaults."""
+    import yaml
+
+    from heads_lab.config.compose import config_dir
+    from heads_lab.errors import OPTIONAL_GROUPS
+    from tests.integration.test_cli import _assert_one_line_error, heads_lab
+
+    root = config_dir()
+    defaults = {next(iter(d)) for d in yaml.safe_load((root / "train.yaml").read_text())[
+        "defaults"] if isinstance(d, dict)}
+    groups = {p.name for p in root.iterdir() if p.is_dir()}
+    assert set(OPTIONAL_GROUPS) == groups - defaults
+    _assert_one_line_error(heads_lab("info", "+experiment=table_b", cwd=tmp_path),
+                           "(did you mean +experiment=table_a?); choose +experiment= one of:")
+    _assert_one_line_error(heads_lab("info", "model=tin", cwd=tmp_path), "(did you mean model=tiny?)")
