@@ -16,9 +16,11 @@ from pathlib import Path
 
 from heads_lab.training import stops
 
-# Launchers whose jobs run in worker processes of this command (hydra/launcher=local or joblib),
+# Launchers whose jobs run in worker processes of this command (hydra/launcher=local or joblib,
+# and submitit_local),
 # by their _target_, however chosen (command line, a preset's defaults, a user's config).
-WORKER_LAUNCHERS = ("hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher",)
+WORKER_LAUNCHERS = ("hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher",
+                    "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher")
 SLURM_LAUNCHER = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
 
 
@@ -90,8 +92,9 @@ def in_worker() -> bool:
 
 @contextlib.contextmanager
 def forward_stop_signals():
-    """A sweep whose jobs run in worker processes (WORKER_LAUNCHERS): SIGTERM or SIGUSR2 sent to
-    this process (`kill <pid>`, a batch system stopping the command), Ctrl-C, or a stop signal
+    """A sweep whose jobs run in worker processes (WORKER_LAUNCHERS: joblib's workers, or
+    submitit_local's job processes, each passing a SIGTERM on to its job): SIGTERM or SIGUSR2 sent
+    to this process (`kill <pid>`, a batch system stopping the command), Ctrl-C, or a stop signal
     that reached one worker's job goes on to every worker as SIGTERM (as SIGUSR2 for SIGUSR2);
     the running jobs save a checkpoint and stop, and no further job starts (the sweep dir's
     STOPPING file tells a worker still starting up). This process waits until every running job

@@ -258,3 +258,54 @@ def test_a_stop_signal_to_a_local_launcher_sweep_stops_its_workers_and_the_sweep
     assert [r["train"]["steps"] for r in results.values()] == [80, 80, 80]
     assert {d for d, r in results.items() if r["train"]["resumed_from"] is not None} == stopped
     assert not list(sweep.glob("*/stopped.json"))  # each job that ran again removed its own
+
+
+@pytest.mark.parametrize("stop", ["SIGTERM", "SIGINT"])
+@pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)
+def test_a_stop_signal_to_a_submitit_local_sweep_stops_its_jobs_and_the_sweep_resumes(
+        stop, tmp_path, request):
+    """hydra/launcher=submitit_local runs each job as a process of its own: SIGTERM to the
+    sweep's process (it used to leave the jobs training on, orphaned) or Ctrl-C (SIGINT to the
+    process group: it used to end in submitit's traceback) stops every job at a checkpoint, the
+    command exits 128 + the signal saying how to resume, and the same command resumes them."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher",
+                        reason="the submitit launcher: pip install 'heads-lab[launchers]'")
+    sweep = tmp_path / "sweep"
+    args = [EXE, "train", "-m", *[o for o in TINY if not o.startswith("trainer.max_steps")],
+            "trainer.max_steps=400", "trainer.save_every=4", "hydra/launcher=submitit_local",
+            "trainer.threads=1", "seed=1,2", f"hydra.sweep.dir={sweep}"]
+    proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    request.addfinalizer(lambda: _kill_group(proc.pid))
+    deadline = time.time() + 240
+    while len({p.parent.parent for p in sweep.glob("*/checkpoints/step_*.pt")}) < 2:
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.05)
+    if stop == "SIGTERM":
+        proc.send_signal(signal.SIGTERM)  # the sweep's own process only
+    else:
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals every process
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 128 + signal.Signals[stop], err + out
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith(f"error: sweep stopped by {stop}: run the "
+                                                   f"same command with hydra.sweep.dir={sweep}")
+    for _ in range(200):  # nothing of the sweep trains on
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("processes of the stopped sweep are still running")
+    jobs = sorted(sweep.glob("[0-9]*_*"))
+    assert len(jobs) == 2 and not list(sweep.glob("*/results.json"))
+    assert all("stopped by" in json.loads((d / "stopped.json").read_text())["error"] for d in jobs)
+    assert f"sweep {sweep}: 2 stopped;" in out
+
+    done = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    results = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/results.json"))]
+    assert [r["train"]["steps"] for r in results] == [400, 400]
+    assert all(r["train"]["resumed_from"] is not None for r in results)
+
