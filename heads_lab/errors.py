@@ -21,11 +21,11 @@ class CheckpointError(HeadsLabError):
     """A checkpoint or run dir that cannot be read."""
 
 
-def finished_run(run_dir, key: str = "hydra.run.dir") -> ConfigError:
+def finished_run(run_dir, key: str = "hydra.run.dir", why: str = "") -> ConfigError:
     """Refusal to write into a dir holding a finished run's results (`key`: the dir's
-    override, hydra.sweep.dir for a sweep)."""
-    return ConfigError(f"{run_dir} already holds a finished run (results.json); choose another "
-                       f"{key}, or delete that dir to run again")
+    override, hydra.sweep.dir for a sweep; `why`: how its settings differ, in parentheses)."""
+    return ConfigError(f"{run_dir} already holds a finished run (results.json){why}; choose "
+                       f"another {key}, or delete that dir to run again")
 
 
 # Hydra launchers that come with an extra (pyproject.toml), by hydra/launcher name

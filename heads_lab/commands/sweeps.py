@@ -66,7 +66,23 @@ def refuse_finished_run_dir(overrides: list[str]) -> None:
             except (OSError, json.JSONDecodeError):
                 done = {}
             if done not in jobs:  # a finished job of this very sweep is skipped, not refused
-                raise finished_run(path.parent, key)
+                raise finished_run(path.parent, key, _differs(done, jobs))
+
+
+def _differs(done: dict[str, str], jobs: list[dict[str, str]]) -> str:
+    """' (its settings: ...; this sweep's nearest job: ...)': how a finished run differs from
+    the sweep's job nearest to it (the fewest settings apart); '' when there is no job."""
+    if not jobs:
+        return ""
+    def apart(job: dict[str, str]) -> list[str]:
+        return sorted({k for k in {*done, *job} if done.get(k) != job.get(k)})
+    keys = min((apart(job) for job in jobs), key=len)
+    job = next(job for job in jobs if apart(job) == keys)
+    def said(settings: dict[str, str]) -> str:
+        return ", ".join(f"{k}={settings[k]}" if k in settings else f"{k} at its default"
+                         for k in keys)
+    return (f" of other settings (it has {said(done)}; the nearest job of this sweep has "
+            f"{said(job)})")
 
 
 def finished_runs(where: Path) -> list[Path]:

@@ -263,6 +263,12 @@ def test_a_prune_run_inside_a_sweep_job_does_not_make_the_sweep_dir_refused(tmp_
     with pytest.raises(Exception, match="already holds a finished run") as err:
         refuse_finished_run_dir(["-m", "model.heads=2,8", f"hydra.sweep.dir={sweep}"])
     assert "1_model.heads=4" in str(err.value) and "/prune/" not in str(err.value)
+    assert ("(results.json) of other settings (it has model.heads=4; the nearest job of this "
+            "sweep has model.heads=2)" in str(err.value))  # (2 and 8: as near; the first)
+    with pytest.raises(Exception, match="it has trainer.threads at its default; the nearest job "
+                       "of this sweep has trainer.threads=1"):
+        refuse_finished_run_dir(["-m", "model.heads=2,4", "trainer.threads=1",
+                                 f"hydra.sweep.dir={sweep}"])
     with pytest.raises(Exception, match="already holds a finished run") as err:
         refuse_finished_run_dir([f"hydra.run.dir='{sweep / '0_model.heads=2'}'"])
     assert str(err.value).startswith(f"{sweep / '0_model.heads=2'} already holds")
