@@ -107,7 +107,7 @@ CASES = [
     ("typo-nested-key", None, ["train", "data.cleaning.max_ration=2"],
      ["did you mean data.cleaning.max_ratio?"]),
     ("typo-preset", None, ["train", "+experiment=tabel_a"],
-     ["experiment/tabel_a", "did you mean experiment=table_a?"]),
+     ["experiment/tabel_a", "did you mean +experiment=table_a?"]),
     ("mixes-on-mha", None, ["train", "model.mixes=weights"],
      ["model.mixes=weights needs model.attention=talking_heads", "model.mixes=null"]),
 ]
