@@ -146,6 +146,17 @@ def test_a_run_killed_during_its_evaluation_is_evaluated_again_with_its_training
     assert results["metrics"]["cost/peak_mem_mb"] == 1e6
 
 
+def _assert_group_gone(pgid: int) -> None:
+    """Every process of the stopped sweep's group exits within 10 s."""
+    for _ in range(200):
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    raise AssertionError("processes of the stopped sweep are still running")
+
+
 def _kill_group(pgid: int) -> None:
     try:
         os.killpg(pgid, signal.SIGKILL)
@@ -229,14 +240,7 @@ def test_a_stop_signal_to_a_local_launcher_sweep_stops_its_workers_and_the_sweep
     assert len(jobs) == running and all(
         line.startswith("error: job ") and "hydra.run.dir" not in line and
         f"run the same sweep command with hydra.sweep.dir={sweep}" in line for line in jobs), err
-    for _ in range(200):  # nothing of the sweep runs on (workers, their resource trackers)
-        try:
-            os.killpg(proc.pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.05)
-    else:
-        raise AssertionError("processes of the stopped sweep are still running")
+    _assert_group_gone(proc.pid)  # nothing runs on (workers, their resource trackers)
     stopped = set()
     for line in jobs:  # each stop's checkpoint was written whole, the slow one too
         step, saved = re.search(r" at step (\d+); saved checkpoint (\S+);", line).groups()
@@ -290,14 +294,7 @@ def test_a_stop_signal_to_a_submitit_local_sweep_stops_its_jobs_and_the_sweep_re
     assert "Traceback" not in err
     assert err.strip().splitlines()[-1].startswith(f"error: sweep stopped by {stop}: run the "
                                                    f"same command with hydra.sweep.dir={sweep}")
-    for _ in range(200):  # nothing of the sweep trains on
-        try:
-            os.killpg(proc.pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.05)
-    else:
-        raise AssertionError("processes of the stopped sweep are still running")
+    _assert_group_gone(proc.pid)  # nothing of the sweep trains on
     jobs = sorted(sweep.glob("[0-9]*_*"))
     assert len(jobs) == 2 and not list(sweep.glob("*/results.json"))
     assert all("stopped by" in json.loads((d / "stopped.json").read_text())["error"] for d in jobs)
