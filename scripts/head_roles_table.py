@@ -51,8 +51,9 @@ def tables(text: str) -> dict[str, list[list[str]]]:
 
 def _section(found: dict[str, list[list[str]]], prefix: str,
              optional: bool = False) -> list[list[str]]:
+    """The rows of the first section whose title starts with `prefix` (a regular expression)."""
     for title, rows in found.items():
-        if title.startswith(prefix):
+        if re.match(prefix, title):
             return rows
     if optional:  # e.g. the syntactic table of an analysis without trees
         return []
@@ -68,12 +69,19 @@ def summarise(label: str, text: str) -> Summary:
             s.roles = {"positional": int(positional), "syntactic": int(syntactic),
                        "rare": int(rare), "other": int(other)}
     confidence, lrp = [], []
-    for row in _section(found, "enc-self heads: role"):
-        for cell in row[1:-1]:  # role · confidence · importance · LRP
+    # multi-head: 'enc-self heads: role ...'; talking heads: 'enc-self softmax heads (h = 8):
+    # role ...', their LRP in the value heads' section
+    for row in _section(found, r"enc-self (softmax )?heads( \(h = \d+\))?: role"):
+        for cell in row[1:-1]:  # role · confidence · importance (· LRP)
             parts = cell.split()
             confidence.append(float(parts[1]))
             if len(parts) > 3 and parts[3] not in ("-", "–"):  # analyze writes – (none)
                 lrp.append(float(parts[3]))
+    for row in _section(found, r"enc-self · value heads", optional=True):
+        for cell in row[1:]:  # importance · LRP
+            parts = cell.split()
+            if len(parts) > 1 and parts[1] not in ("-", "–"):
+                lrp.append(float(parts[1]))
     s.confidence = (min(confidence), max(confidence))
     s.lrp = max(lrp) if lrp else float("nan")
     for row in _section(found, "enc-self positions"):

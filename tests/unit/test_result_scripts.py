@@ -79,6 +79,17 @@ def test_head_roles_table_reads_a_published_analysis():
     assert "– (no trees)" in table.splitlines()[-1]
 
 
+def test_head_roles_table_reads_a_talking_heads_analysis():
+    """Talking heads' analysis.md names its softmax heads (h = 8) and puts LRP on the value
+    heads, where gates, masks and removal act."""
+    script = _script("head_roles_table")
+    path = ROOT / "results" / "head_analysis" / "talking_heads_h8" / "pud" / "analysis.md"
+    th = script.summarise("th", path.read_text())
+    assert th.roles == {"positional": 0, "syntactic": 0, "rare": 0, "other": 72}
+    assert th.confidence == (0.14, 0.31) and th.lrp == 0.18  # enc-self L0 h4's value head
+    assert th.positional == (0.20, "-1", "L0 H4")
+
+
 def test_head_roles_table_reads_an_analysis_without_lrp():
     """analyze writes – (an en dash) where LRP was not measured: no LRP, not an error."""
     import re
