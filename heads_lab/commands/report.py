@@ -62,6 +62,7 @@ from heads_lab.commands.report_seeds import (
 from heads_lab.config.sites import KEPT_COLUMNS, SITES
 from heads_lab.errors import ConfigError
 from heads_lab.output.curves import draw_valid_curves, tight
+from heads_lab.output.files import ensure_writable
 from heads_lab.output.tables import to_rich, wide_console, write_csv, write_markdown
 from heads_lab.output.trackers import report_to_wandb
 from heads_lab.output.tracking import short_key
@@ -79,13 +80,20 @@ def main(args: list[str]) -> int:
     parser.add_argument("--wandb", action="store_true",
                         help="also log the table and plots to a wandb run (job_type report, in "
                              "the runs' project and group), under <out>/wandb")
-    parser.add_argument("--wandb-mode", choices=("offline", "online"), default="offline",
-                        help="online needs a network and WANDB_API_KEY; without one: offline")
+    parser.add_argument("--wandb-mode", choices=("offline", "online"), default=None,
+                        help="with --wandb: offline (the default) | online (needs a network "
+                             "and WANDB_API_KEY; without one: offline)")
     opts = parser.parse_args(args)
+    if opts.wandb_mode and not opts.wandb:
+        raise ConfigError(f"--wandb-mode {opts.wandb_mode} without --wandb logs nothing: add "
+                          "--wandb")
+    opts.wandb_mode = opts.wandb_mode or "offline"
     if opts.samples < 1:
         raise ConfigError(f"--samples {opts.samples}: the paired bootstrap needs at least 1 "
                           "resample (1000 by default)")
     runs, problems = collect([Path(d) for d in opts.dirs])
+    out = Path(opts.out or opts.dirs[0])
+    ensure_writable(out, "--out" if opts.out else "the first dir")  # before the bootstrap
     rows, varying = group(runs)
     split = runs[0].results["decoding"]["split"]
     # on stderr: stdout keeps the table alone; markup off, as the other consoles (paths print whole)
@@ -103,8 +111,6 @@ def main(args: list[str]) -> int:
                 seed_p.update(seed_p_values(c, split, opts.samples))
         tables.append((name, render(subset, tested, varying, split, paper_of(runs), x)))
     status.print(f"report: bootstrap done in {time.monotonic() - started:.0f} s")
-    out = Path(opts.out or opts.dirs[0])
-    out.mkdir(parents=True, exist_ok=True)
     console = wide_console()
     for name, table in tables:
         console.print(to_rich(table, f"heads-lab report{f': data={name}' if name else ''}"))

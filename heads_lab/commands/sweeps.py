@@ -32,6 +32,7 @@ from heads_lab.commands.sweep_signals import (
 from heads_lab.config.compose import compose, expand_sweeps, to_object
 from heads_lab.config.validate import validate
 from heads_lab.errors import ConfigError, HeadsLabError, finished_run, one_line
+from heads_lab.output.files import ensure_writable
 from heads_lab.output.trackers import RUN_FILES, check_installed
 from heads_lab.training import stops
 
@@ -130,8 +131,6 @@ def sweep_jobs(overrides: list[str]) -> list[dict[str, str]] | None:
 def check_writable_run_dir(overrides: list[str]) -> None:
     """An explicit run or sweep dir that cannot be created fails in one line before Hydra
     tries (a path under a file, a read-only or full filesystem)."""
-    from heads_lab.commands.train import ensure_writable  # lazy: start-up time (torch)
-
     for item in overrides:
         for key in ("hydra.run.dir", "hydra.sweep.dir"):
             where = dir_override(item, key)

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -27,7 +25,7 @@ from heads_lab.data.cleaning import describe
 from heads_lab.errors import ConfigError, DataError, finished_run
 from heads_lab.model import Transformer, admin_init, count_parameters
 from heads_lab.model.heads import gates_kept, gates_of, head_counts, install_gates, masked, parse_head_mask
-from heads_lab.output.files import write_json, write_lines
+from heads_lab.output.files import ensure_writable, write_json, write_lines
 from heads_lab.output.tracking import Tracker, console, environment, short_name, summary_table
 from heads_lab.training import checkpoint
 from heads_lab.training import parallel as data_parallel
@@ -344,18 +342,6 @@ def evaluate_on_split(run: RunConfig, model: Transformer, corpus, device: torch.
     return split, ppl, score(hyps, split.tgt_text, run.eval.bleu_tokenize)
 
 
-def ensure_writable(path: Path, label: str) -> None:
-    """Create `path` and write a probe file into it; a ConfigError naming `label` (the key that
-    chose the dir) and the fix if that fails (a path under a file, read-only, or full)."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        # a probe of its own: torchrun's ranks probe the same run dir at the same moment
-        fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=path)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as err:
-        raise ConfigError(f"cannot write to {label} {path}: {err.strerror or err}; choose a "
-                          "writable dir (or fix its permissions / free space)") from None
 def _heads_text(run: RunConfig) -> str:
     return variant(run.model, "enc-self").label(run.model)
 

@@ -11,6 +11,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from heads_lab.errors import ConfigError
+
 
 def write_atomic(path: Path, data: str | bytes) -> Path:
     """Write `data` (text as UTF-8) to `path` atomically; returns the path."""
@@ -48,3 +50,17 @@ def write_json(path: Path, obj: Any) -> Path:
 def write_lines(path: Path, lines: list[str]) -> Path:
     """One line per item (a translation, a reference), atomically."""
     return write_atomic(path, "".join(line + "\n" for line in lines))
+
+
+def ensure_writable(path: Path, label: str) -> None:
+    """Create `path` and write a probe file into it; a ConfigError naming `label` (the key that
+    chose the dir) and the fix if that fails (a path under a file, read-only, or full)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        # a probe of its own: torchrun's ranks probe the same run dir at the same moment
+        fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise ConfigError(f"cannot write to {label} {path}: {err.strerror or err}; choose a "
+                          "writable dir (or fix its permissions / free space)") from None

@@ -219,6 +219,16 @@ def test_report_on_a_dir_without_results_is_one_line(tmp_path):
                            "no finished runs (results.json) under", "point heads-lab report")
 
 
+def test_report_to_an_unwritable_out_is_one_line_before_the_bootstrap(sweep, tmp_path):
+    (tmp_path / "a-file").write_text("")
+    for out in (tmp_path / "a-file", tmp_path / "a-file" / "sub"):
+        proc = heads_lab("report", str(sweep), "--out", str(out), cwd=tmp_path)
+        _assert_one_line_error(proc, f"cannot write to --out {out}", "choose a writable dir")
+        assert "paired bootstrap" not in proc.stderr  # refused before the slow part
+    _assert_one_line_error(heads_lab("report", str(sweep), "--wandb-mode", "online",
+                                     cwd=tmp_path), "--wandb-mode online without --wandb")
+
+
 def test_running_the_same_sweep_again_skips_finished_jobs(sweep):
     before = {p: p.read_bytes() for p in sweep.rglob("results.json")}
     proc = heads_lab("train", "-m", "+experiment=table_a", *SMALL, "model.heads=1,4", "seed=1,2",

@@ -30,8 +30,8 @@ def test_run_dir_probe_survives_ranks_probing_the_same_dir_at_once(tmp_path):
     # rank delete another's probe ("cannot write to the run dir: No such file or directory")
     import threading
 
-    from heads_lab.commands.train import ensure_writable
     from heads_lab.errors import ConfigError
+    from heads_lab.output.files import ensure_writable
 
     errors = []
 
