@@ -24,7 +24,9 @@ import math
 import sys
 from pathlib import Path
 
+from heads_lab.errors import ConfigError
 from heads_lab.output.curves import draw_valid_curves
+from heads_lab.output.files import ensure_writable
 from heads_lab.output.tracking import valid_history_from_log
 
 
@@ -35,6 +37,9 @@ def history(run: Path) -> tuple[list[dict[str, float]], str]:
         return json.loads(results.read_text()).get("train", {}).get("valid_history") or [], \
             "results.json"
     log = run / "train.log"
+    if not run.is_dir():
+        raise SystemExit(f"valid_curves: no run dir {run}: pass a run's directory (the one with "
+                         ".hydra/)")
     if not log.is_file():
         raise SystemExit(f"valid_curves: {run} has neither results.json nor train.log: "
                          "pass a run's directory (the one with .hydra/)")
@@ -62,6 +67,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run", nargs=2, action="append", required=True,
                         metavar=("LABEL", "RUN_DIR"), help="a line: its label and run directory")
     opts = parser.parse_args(argv)
+    if opts.out.suffix.lower() != ".png":
+        raise SystemExit(f"valid_curves: --out {opts.out} is not a .png (its CSV goes beside it)")
+    if opts.ymax is not None and not opts.ymax > 0:
+        raise SystemExit(f"valid_curves: --ymax {opts.ymax:g}: the PPL axis' top must be > 0")
+    try:  # before any run is read
+        ensure_writable(opts.out.parent, "--out's folder")
+    except ConfigError as err:
+        raise SystemExit(f"valid_curves: {err}") from None
     for _, style in opts.style:
         if style not in LINE_STYLES:
             raise SystemExit(f"valid_curves: --style STYLE '{style}' is not one of "
@@ -83,7 +96,6 @@ def main(argv: list[str] | None = None) -> int:
         best = min(points, key=lambda p: p["valid/ppl"])
         print(f"{label}: last step {points[-1]['step']:,} PPL {points[-1]['valid/ppl']:.2f}; "
               f"lowest {best['valid/ppl']:.2f} at step {best['step']:,} ({source})")
-    opts.out.parent.mkdir(parents=True, exist_ok=True)
     if draw_valid_curves(data, opts.out, opts.title, styles, True, opts.ymax) is None:
         raise SystemExit("valid_curves: no run has two validations: nothing to draw")
     with opts.out.with_suffix(".csv").open("w", newline="") as f:

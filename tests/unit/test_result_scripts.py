@@ -158,8 +158,21 @@ def test_valid_curves_leaves_out_diverged_validations_and_takes_a_set_top(tmp_pa
     assert [line.split(",")[1] for line in out.with_suffix(".csv").read_text().splitlines()] == \
         ["step", "200", "300"]
     assert f"lowest {math.exp(1.5):.2f} at step 300 (results.json)" in capsys.readouterr().out
+    (tmp_path / "empty").mkdir()
     with pytest.raises(SystemExit, match="neither results.json nor train.log"):
         script.main(["--out", str(out), "--run", "x", str(tmp_path / "empty")])
+    # bad input: one line each, refused before anything is written
+    (tmp_path / "a-file").write_text("")
+    good = ["--run", "x", str(run)]
+    for argv, message in (
+            (["--out", str(tmp_path / "d.png"), "--run", "x", str(tmp_path / "none")],
+             "no run dir"),
+            (["--out", str(tmp_path / "c.txt"), *good], "is not a .png"),
+            (["--out", str(tmp_path / "d.png"), "--ymax", "-3", *good], "must be > 0"),
+            (["--out", str(tmp_path / "a-file" / "c.png"), *good], "cannot write to")):
+        with pytest.raises(SystemExit, match=message):
+            script.main(argv)
+    assert not (tmp_path / "c.csv").exists() and not (tmp_path / "d.png").exists()
 
 
 def test_valid_curves_line_styles_go_by_the_first_text_a_label_holds():
