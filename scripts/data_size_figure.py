@@ -216,7 +216,7 @@ def _mark(ax, marks: dict[tuple[str, int], str], lowest: dict[tuple[str, int], f
                                           "ec": "none", "alpha": 0.85})
 
 
-def draw(points: list[Point], out: Path) -> None:
+def draw(points: list[Point], out: Path, title: str = "") -> None:
     import matplotlib  # lazy: start-up time (matplotlib)
 
     matplotlib.use("Agg")
@@ -245,9 +245,10 @@ def draw(points: list[Point], out: Path) -> None:
     most = max(p.runs for p in points)
     marks, diff_marks = few_seeds(points), diff_seeds(points)  # each data size says so once
     fewer = "; n = fewer, where marked"
-    left.set_title(f"test BLEU (mean ± std over {most} seeds{fewer if marks else ''})")
-    right.set_title(f"BLEU minus h = {BASE_H}'s at the same data size "
-                    f"(means{fewer if diff_marks else ''})")
+    left.set_title(f"test BLEU\n(mean ± std over {most} seeds{fewer if marks else ''})",
+                   fontsize=10)
+    right.set_title(f"BLEU minus h = {BASE_H}'s at the same data size\n"
+                    f"(means{fewer if diff_marks else ''})", fontsize=10)
     _mark(left, marks, _lowest(((p.corpus, p.pairs), p.bleu - p.std) for p in points))
     _mark(right, diff_marks, _lowest(((corpus, x), y) for (corpus, _), series in diffs.items()
                                      for x, y in series))
@@ -263,7 +264,8 @@ def draw(points: list[Point], out: Path) -> None:
     right.set_ylabel(f"BLEU − BLEU(h = {BASE_H})")
     for ax in (left, right):  # below the axes: no point hidden behind a legend
         ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.3))
-    fig.suptitle("More heads with more data? d_model 256, 3+3 layers, d_k = 256 / h")
+    if title:
+        fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(out, dpi=120, bbox_inches="tight")
     plt.close(fig)
@@ -274,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("studies", nargs="+", help="LABEL=CSV[:PAIRS]")
     parser.add_argument("--out", required=True, help="the PNG to write")
+    parser.add_argument("--title", default="More heads with more data? d_model 256, 3+3 layers, "
+                        "d_k = 256 / h", help="the figure's title: say which model the studies "
+                        "trained (default: the published study's)")
     parser.add_argument("--add", action="append", default=[], metavar="LABEL=RUNS_CSV[:h=H,...]",
                         help="fold another report's runs (runs.csv) into LABEL's rows")
     opts = parser.parse_args(argv)
@@ -305,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         for line in fold(points, label, read_runs(Path(path), heads), folded):
             print(line)
     Path(opts.out).parent.mkdir(parents=True, exist_ok=True)
-    draw(points, Path(opts.out))
+    draw(points, Path(opts.out), opts.title)
     for (corpus, h), series in differences(points).items():
         text = ", ".join(f"{x:,}: {y:+.2f}" for x, y in series)
         print(f"{corpus}, h = {h} minus h = {BASE_H}: {text}")

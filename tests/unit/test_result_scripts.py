@@ -23,8 +23,14 @@ def _script(name: str):
     return module
 
 
-def test_data_size_figure_joins_two_corpora_from_their_reports(tmp_path, capsys):
+def test_data_size_figure_joins_two_corpora_from_their_reports(tmp_path, capsys, monkeypatch):
+    import matplotlib.figure
+
     script = _script("data_size_figure")
+    titles = []
+    suptitle = matplotlib.figure.Figure.suptitle
+    monkeypatch.setattr(matplotlib.figure.Figure, "suptitle",
+                        lambda fig, t, **k: titles.append(t) or suptitle(fig, t, **k))
     header = "setting,h,kv,d_k,enc+dec,params,runs,valid PPL,test BLEU,test chrF,p vs base"
     old = tmp_path / "old.csv"  # a report from before the train pairs column
     old.write_text(header + "\n" + "\n".join(
@@ -38,6 +44,9 @@ def test_data_size_figure_joins_two_corpora_from_their_reports(tmp_path, capsys)
     out = tmp_path / "new-folder" / "fig.png"  # its folder is made
     assert script.main(["--out", str(out), f"A={old}:29000", f"B={new}"]) == 0
     assert out.stat().st_size > 10_000
+    assert titles == ["More heads with more data? d_model 256, 3+3 layers, d_k = 256 / h"]
+    assert script.main(["--out", str(out), "--title", "d_model 64", f"A={old}:29000"]) == 0
+    assert titles[-1] == "d_model 64"  # the model the user's studies trained
     with pytest.raises(SystemExit, match="PAIRS must be a whole number of training pairs"):
         script.main(["--out", str(out), f"A={old}:abc"])
     points = script.read("A", old, 29000) + script.read("B", new, None)
