@@ -8,6 +8,8 @@ changed. Results go to <run dir>/evals/<time>_<overrides>/ and never replace ear
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import time
 
 from heads_lab.commands import runs
@@ -28,7 +30,13 @@ def main(args: list[str]) -> int:
     run_dir, overrides, t = opened
     run = t.run
     out_dir = runs.output_dir(run_dir, "evals", overrides)
-    split, ppl, scores = evaluate_on_split(run, t.model, t.corpus, t.device, out_dir, "")
+    try:
+        split, ppl, scores = evaluate_on_split(run, t.model, t.corpus, t.device, out_dir, "")
+    except BaseException:  # (a sacrebleu test set offline): no half-written eval dir is left
+        shutil.rmtree(out_dir, ignore_errors=True)
+        with contextlib.suppress(OSError):  # and evals/ itself, where it was the first
+            out_dir.parent.rmdir()
+        raise
     name = run.eval.split
     result = {
         "run_dir": str(run_dir), "overrides": overrides, "checkpoints": t.checkpoints,

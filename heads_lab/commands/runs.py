@@ -132,6 +132,10 @@ def load(run_dir: Path, overrides: list[str], average_last: int | None = 1,
     if run.analysis.step is None and average_last == 1 and evaluated_best(run):
         files = [_best(run_dir)]  # the weights `train` evaluated (eval.checkpoint=best)
     elif not files:
+        failed = run_dir / "failed.json"
+        if failed.is_file():  # a sweep job that failed before its first checkpoint
+            error = json.loads(failed.read_text()).get("error", "")
+            raise CheckpointError(f"{run_dir} is a failed run, with no checkpoints: {error}")
         raise CheckpointError(NO_CHECKPOINTS.format(run_dir=run_dir))
     if run.analysis.step is not None:  # `analyze` of an earlier checkpoint (analysis.step)
         chosen = [(step, path) for step, path in files if step == run.analysis.step]
@@ -168,7 +172,9 @@ def load(run_dir: Path, overrides: list[str], average_last: int | None = 1,
     if len(states) < average_last:
         raise CheckpointError(
             f"eval.average_last={average_last} but {run_dir} has only {len(states)} valid "
-            f"checkpoint(s); train with trainer.keep_last >= {average_last}")
+            f"checkpoint(s); a run keeps its last trainer.keep_last={run.trainer.keep_last}, "
+            f"written every trainer.save_every={run.trainer.save_every} steps and at its end: "
+            f"train with both set to leave {average_last}")
     if setting == "auto":  # the precision the run trained in, where it can be computed here
         precision = _read_back_precision(trained or _results_precision(run_dir), precision)
     run.trainer.precision = type(run.trainer.precision)(precision)

@@ -763,3 +763,30 @@ def test_info_of_a_run_dir_is_its_own_configs_account(tiny_run_dir, tmp_path):
     # at its training data's mean lengths, as the run's own account (not cost.src_len's 20)
     assert row["lengths"] == results["cost"]["lengths"] != {"src": 20.0, "tgt": 20.0}
     assert row["flops_per_token"] == results["cost"]["flops_per_token"]
+
+
+def test_eval_errors_name_the_cause_and_leave_no_eval_dir(tmp_path):
+    """A sacrebleu test set that cannot be downloaded, too few checkpoints to average, a failed
+    job's dir: one line each naming the cause, and no evals/ dir left behind."""
+    from tests.unit.test_data_sources import _corpus
+
+    root = tmp_path / "corpus"
+    _corpus(root)
+    proc = heads_lab("train", "model=tiny", "trainer.max_steps=2", "trainer.max_tokens=1024",
+                     "eval.beam=1", "logger=none", "data=local", f"data.root={root}",
+                     "data.src=de", "data.tgt=en", "data.vocab_size=60", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    (found,) = _results(tmp_path / "outputs")
+    run = found.parent
+    offline = {"SACREBLEU": str(tmp_path / "sacrebleu"), "https_proxy": "http://127.0.0.1:9",
+               "http_proxy": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9"}
+    _assert_one_line_error(heads_lab("eval", str(run), "eval.sacrebleu_test=wmt14", cwd=tmp_path,
+                                     env=offline), "wmt14", "eval.sacrebleu_test=null")
+    _assert_one_line_error(heads_lab("eval", str(run), "eval.average_last=2", cwd=tmp_path),
+                           "has only 1 valid checkpoint(s)", "trainer.save_every=500")
+    assert not (run / "evals").exists()
+    failed = tmp_path / "failed"
+    shutil.copytree(run / ".hydra", failed / ".hydra")
+    (failed / "failed.json").write_text(json.dumps({"error": "data.vocab_size=5000 too large"}))
+    _assert_one_line_error(heads_lab("eval", str(failed), cwd=tmp_path),
+                           "is a failed run, with no checkpoints: data.vocab_size=5000 too large")
