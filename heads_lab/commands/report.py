@@ -15,11 +15,12 @@ report.base's settings (heads_by_data), against the base at the row's own x (h =
 size). Rows are in the order of their settings, the ones swept on the command line first. Runs that
 failed or never finished are listed, never averaged in; so are runs under another run's dir (a gates
 run under <run>/prune/). With `report.paper=table_a` the published Table 3 (A) numbers are printed
-beside ours, labelled as the paper's. With several dirs, the first one's runs set report.base and
-report.paper: `heads-lab report <new sweep> <runs of an earlier sweep with the same settings>`
-reuses finished runs instead of repeating them; a head-shape key one preset leaves None and another
-sets to the value the None stands for (model.kv_heads None = model.heads) is one setting, so those
-runs share a row.
+beside ours, labelled as the paper's. With several dirs, the first one's runs' preset sets
+report.base and report.paper (without a preset's report.base, the base is the first row in the
+order of the settings, whichever dir it came from): `heads-lab report <new sweep> <runs of an
+earlier sweep with the same settings>` reuses finished runs instead of repeating them; a head-shape
+key one preset leaves None and another sets to the value the None stands for (model.kv_heads None =
+model.heads) is one setting, so those runs share a row.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from heads_lab.commands.report_rows import (
     Comparison,
     Row,
     Run,
+    as_written,
     collect,
     comparisons,
     data_sets,
@@ -275,7 +277,7 @@ def curves(rows: list[Row], varying: list[str]) -> tuple[str | None, dict[str, l
     by = [k for k in varying if k != x_key and (chosen == x_key or k not in numbers)]
     lines: dict[str, list[int]] = {}
     for i, row in enumerate(rows):
-        label = ",".join(f"{short_key(k)}={row.runs[0].config.get(k)}" for k in by)
+        label = ",".join(f"{short_key(k)}={as_written(row.runs[0].config.get(k))}" for k in by)
         lines.setdefault(label, []).append(i)
     if any(len({rows[i].runs[0].config.get(x_key) for i in order}) != len(order)
            for order in lines.values()):  # another number varies on its own: no single x

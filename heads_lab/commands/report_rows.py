@@ -115,6 +115,18 @@ def model_shape(config: dict[str, Any]) -> dict[str, int]:
         return {}
 
 
+def as_written(value: Any) -> str:
+    """A config value as an override writes it (null, true, [enc-self]), not as Python prints
+    it (None, True, ['enc-self'])."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(as_written(v) for v in value) + "]"
+    return str(value)
+
+
 def fill_unset(runs: list[Run]) -> None:
     """Runs of one model from two presets are one row: a shape key that some runs set and others
     leave None (kv_heads 8 in `kv_heads`, None in `table_a`, both with 8 heads) takes, where
@@ -151,7 +163,8 @@ def group(runs: list[Run]) -> tuple[list[Row], list[str]]:
     rows: dict[tuple, Row] = {}
     for run in runs:
         key = tuple(json.dumps(run.config.get(k), sort_keys=True) for k in varying)
-        label = ",".join(f"{short_key(k)}={run.config.get(k)}" for k in varying) or "all runs"
+        label = ",".join(f"{short_key(k)}={as_written(run.config.get(k))}"
+                         for k in varying) or "all runs"
         rows.setdefault(key, Row(key, label)).runs.append(run)
     first = {}  # data sets in the order their runs came (the dirs given): the first dir's first
     for run in runs:
@@ -239,7 +252,7 @@ def comparisons(rows: list[Row], runs: list[Run]) -> tuple[str | None, list[Comp
         out.append(Comparison(mine, _matching(mine, {**wanted, x: at_x}), at_x))
     if all(c.base is None for c in out):  # no value has the base: one comparison, as without x
         return None, [Comparison(rows, base_row(rows, runs))]
-    like = ",".join(f"{short_key(k)}={v}" for k, v in wanted.items() if k != x)
+    like = ",".join(f"{short_key(k)}={as_written(v)}" for k, v in wanted.items() if k != x)
     for c in out:
         for row in c.rows if c.base is None else []:
             row.p_reason = f"no {like} at {short_key(x)}={c.x_value}"

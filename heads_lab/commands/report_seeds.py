@@ -11,7 +11,7 @@ from typing import Any
 from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest
 
-from heads_lab.commands.report_rows import Comparison, Row, Run, train_pairs
+from heads_lab.commands.report_rows import Comparison, Row, Run, as_written, train_pairs
 from heads_lab.output.tracking import short_key
 
 NO_SHARED_SEED = "no seed of the base row"  # a row's p_reason: no p (significance)
@@ -165,7 +165,8 @@ def p_note(tested: list[Comparison], varying: list[str], x: str | None) -> str:
                 + own)
     name = short_key(x)
     base = next(c.base for c in tested if c.base is not None)
-    like = ",".join(f"{short_key(k)}={base.runs[0].config.get(k)}" for k in varying if k != x)
+    like = ",".join(f"{short_key(k)}={as_written(base.runs[0].config.get(k))}"
+                    for k in varying if k != x)
     text = (f"p: sacrebleu paired bootstrap of BLEU vs the base row of the same {name} ({like} "
             f"at each {name}; seed-matched hypotheses, on the base row's references only)")
     if not done:

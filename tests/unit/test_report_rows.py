@@ -501,3 +501,12 @@ def test_runs_csv_lines_are_each_runs_own_numbers_in_seed_order():
     assert (lines[0]["best step"], lines[0]["steps"], lines[0]["stopped by"]) == (
         "1800", "2600", "patience")
     assert lines[0]["cpu"] == "AMD EPYC (AVX2)" and lines[0]["commit"] == "0123456789ab"
+
+
+def test_settings_are_labelled_as_overrides_write_them():
+    """A row label reads max_time=null, not Python's max_time=None."""
+    from heads_lab.commands.report_rows import as_written
+
+    assert [as_written(v) for v in (None, True, False, 8, 0.5, "mha", ["enc-self", "dec-enc"],
+                                    [])] == ["null", "true", "false", "8", "0.5", "mha",
+                                             "[enc-self,dec-enc]", "[]"]
