@@ -102,27 +102,12 @@ class Trained:
     checkpoints: list[str]
 
 
-def load(run_dir: Path, overrides: list[str], average_last: int | None = 1,
-         computes: str | None = None) -> Trained:
-    """The run in `run_dir` with `overrides`, its weights those `train` evaluated — the best
-    validation's (checkpoints/best.pt) for an eval.checkpoint=best run, else the newest valid
-    step checkpoint — or the element-wise mean of the newest `average_last` step checkpoints
-    (None: the run's eval.average_last; corrupt ones skipped with a warning), or the step
-    analysis.step names. A model trained with head gates gets them back (they decide which
-    heads count). Its trainer.precision is what the caller computes in: `computes` where the
-    caller has one precision of its own (analyze: "fp32", whatever the run's setting), else the
-    setting, with `auto` the precision the run trained in (`_read_back_precision`)."""
-    import torch  # lazy: start-up time (torch)
-
-    from heads_lab.model import Transformer  # lazy: start-up time (torch)
-    from heads_lab.model.heads import install_gates  # lazy: start-up time (torch)
+def _checkpoint_files(run_dir: Path, run, average_last: int) -> list:
+    """The (step, path) checkpoints to read, newest first: best.pt for the weights `train`
+    evaluated, analysis.step's, or the step checkpoints; a CheckpointError saying why there
+    are none."""
     from heads_lab.training import checkpoint  # lazy: start-up time (torch)
 
-    # lazy: start-up time (torch)
-    from heads_lab.training.device import check_precision, resolve_device, resolve_precision
-
-    cfg, run = compose_run(run_dir, overrides)
-    average_last = run.eval.average_last if average_last is None else average_last
     files = checkpoint.step_files(run_dir)
     if not run.trainer.save_checkpoint:  # nothing on disk to read back, best weights included
         raise CheckpointError(
@@ -145,6 +130,31 @@ def load(run_dir: Path, overrides: list[str], average_last: int | None = 1,
                                   f"of that step; it has steps {steps} (train with "
                                   "trainer.keep_last and trainer.save_every to keep more)")
         files = chosen
+    return files
+
+
+def load(run_dir: Path, overrides: list[str], average_last: int | None = 1,
+         computes: str | None = None) -> Trained:
+    """The run in `run_dir` with `overrides`, its weights those `train` evaluated — the best
+    validation's (checkpoints/best.pt) for an eval.checkpoint=best run, else the newest valid
+    step checkpoint — or the element-wise mean of the newest `average_last` step checkpoints
+    (None: the run's eval.average_last; corrupt ones skipped with a warning), or the step
+    analysis.step names. A model trained with head gates gets them back (they decide which
+    heads count). Its trainer.precision is what the caller computes in: `computes` where the
+    caller has one precision of its own (analyze: "fp32", whatever the run's setting), else the
+    setting, with `auto` the precision the run trained in (`_read_back_precision`)."""
+    import torch  # lazy: start-up time (torch)
+
+    from heads_lab.model import Transformer  # lazy: start-up time (torch)
+    from heads_lab.model.heads import install_gates  # lazy: start-up time (torch)
+    from heads_lab.training import checkpoint  # lazy: start-up time (torch)
+
+    # lazy: start-up time (torch)
+    from heads_lab.training.device import check_precision, resolve_device, resolve_precision
+
+    cfg, run = compose_run(run_dir, overrides)
+    average_last = run.eval.average_last if average_last is None else average_last
+    files = _checkpoint_files(run_dir, run, average_last)
     if run.trainer.threads:
         torch.set_num_threads(run.trainer.threads)
     device = resolve_device(run.trainer.device)
