@@ -71,8 +71,9 @@ def refuse_finished_run_dir(overrides: list[str]) -> None:
 
 
 def _differs(done: dict[str, str], jobs: list[dict[str, str]]) -> str:
-    """' (its settings: ...; this sweep's nearest job: ...)': how a finished run differs from
-    the sweep's job nearest to it (the fewest settings apart); '' when there is no job."""
+    """' of other settings (it has ...; the nearest job of this sweep has ...)': how a
+    finished run differs from the sweep's job nearest to it (the fewest settings apart); ''
+    when there is no job."""
     if not jobs:
         return ""
     def apart(job: dict[str, str]) -> list[str]:
