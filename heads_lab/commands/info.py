@@ -36,9 +36,9 @@ of the sweep's configs it stands for ("configs").
 
 
 def main(args: list[str]) -> int:
-    """`heads-lab info [overrides | run dirs] [--json]`: the cost account of one config, of each
-    config of a comma-list sweep side by side, or of trained runs (their saved configs); composes
-    the config only (no data, no training)."""
+    """`heads-lab info [overrides | run dirs | hf:<model>s] [--json]` (INFO_HELP): the cost
+    account of one config, of each config of a sweep (comma lists, a preset's own) side by side,
+    of trained runs (their saved configs), or of pretrained models; no data, no training."""
     if "-h" in args or "--help" in args:
         print(INFO_HELP, end="")
         return 0
@@ -133,8 +133,7 @@ def _print_accounts(columns: list, counts: list[int] | None = None, note: str | 
                           for (label, model, acct), n in zip(columns, counts, strict=True)],
                          indent=2))
         return 0
-    # lazy: start-up time (rich); bench's spawned peak-RSS children re-import this module
-    from heads_lab.output.tracking import console, cost_table
+    from heads_lab.output.tracking import console, cost_table  # lazy: start-up time (rich)
 
     console.print(cost_table(columns))
     if note:

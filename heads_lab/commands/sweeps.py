@@ -78,8 +78,7 @@ def _differs(done: dict[str, str], jobs: list[dict[str, str]]) -> str:
         return ""
     def apart(job: dict[str, str]) -> list[str]:
         return sorted({k for k in {*done, *job} if done.get(k) != job.get(k)})
-    keys = min((apart(job) for job in jobs), key=len)
-    job = next(job for job in jobs if apart(job) == keys)
+    keys, job = min(((apart(job), job) for job in jobs), key=lambda pair: len(pair[0]))
     def said(settings: dict[str, str]) -> str:
         return ", ".join(f"{k}={settings[k]}" if k in settings else f"{k} at its default"
                          for k in keys)
