@@ -209,7 +209,24 @@ def pass_on(signal_name: str) -> None:
         print(f"{signal_name} passed on to {type(owner).__module__}.{type(owner).__qualname__} (a "
               "scheduler's handler: SLURM requeues the job, which resumes from the checkpoint)",
               file=sys.stderr)
-        handler(signal.Signals[signal_name], None)
+        # SLURM's requeue sends SIGTERM to every process of the job, the `scontrol requeue`
+        # the handler runs among them: ignored here, and so in that child (an ignored signal
+        # stays ignored through exec), the requeue completes instead of dying mid-call
+        with _sigterm_ignored():
+            handler(signal.Signals[signal_name], None)
+
+
+@contextlib.contextmanager
+def _sigterm_ignored():
+    try:
+        previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    except ValueError:  # not the main thread: as it was
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def scheduler_handler(signal_name: str):

@@ -291,3 +291,27 @@ def test_a_mistyped_option_of_an_optional_group_is_suggested_with_its_plus(tmp_p
     _assert_one_line_error(heads_lab("info", "+experiment=table_b", cwd=tmp_path),
                            "(did you mean +experiment=table_a?); choose +experiment= one of:")
     _assert_one_line_error(heads_lab("info", "model=tin", cwd=tmp_path), "(did you mean model=tiny?)")
+
+
+def test_a_stop_passed_on_to_the_schedulers_handler_survives_slurms_sigterm(monkeypatch):
+    """SLURM's requeue sends SIGTERM to the job's processes, the `scontrol requeue` that
+    submitit's handler runs among them (once seen: CalledProcessError, died with SIGTERM): the
+    handler runs with SIGTERM ignored, in this process and in the commands it starts."""
+    import signal
+    import subprocess
+    import sys
+
+    from heads_lab.commands import sweep_signals
+
+    seen = []
+
+    def handler(signum, frame):
+        code = "import os, signal; os.kill(os.getpid(), signal.SIGTERM); print('alive')"
+        child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        seen.append((signum, signal.getsignal(signal.SIGTERM), child.returncode, child.stdout))
+
+    monkeypatch.setattr(sweep_signals, "scheduler_handler", lambda name: handler)
+    before = signal.getsignal(signal.SIGTERM)
+    sweep_signals.pass_on("SIGUSR2")
+    assert seen == [(signal.SIGUSR2, signal.SIG_IGN, 0, "alive\n")]
+    assert signal.getsignal(signal.SIGTERM) is before  # as it was, after
