@@ -8,6 +8,8 @@ Each --run is a label and a run's directory (its name may hold '=': Hydra's). A 
 results.json's train.valid_history where the run finished, else the validations its train.log
 recorded (heads_lab.output.tracking.VALID_LINE); such a run's label says so, and where it
 stopped. A validation that diverged (NaN) has no point.
+A run whose directory is gone can be drawn from a CSV this script wrote before:
+--run LABEL 'OLD.csv::ITS LABEL IN OLD.csv' takes that line's points and keeps their source.
 Lines whose labels begin alike (up to the first comma: 'h = 8, base size') share a colour;
 --style TEXT STYLE (repeatable) draws the lines whose label holds TEXT in a matplotlib line style
 (dashed, dotted, dashdot; the first TEXT found wins; else solid): e.g. a style per seed. The
@@ -29,9 +31,35 @@ from heads_lab.output.curves import draw_valid_curves
 from heads_lab.output.files import ensure_writable
 from heads_lab.output.tracking import valid_history_from_log
 
+CSV_LINE = "::"
+
+
+def history_from_csv(spec: str) -> tuple[list[dict[str, float]], str]:
+    """The points of one line of a CSV this script wrote ('OLD.csv::ITS LABEL'), and their
+    source there (results.json or train.log)."""
+    name, label = spec.split(CSV_LINE, 1)
+    path = Path(name).expanduser()
+    if not path.is_file():
+        raise SystemExit(f"valid_curves: no CSV {path}: pass a CSV this script wrote, as "
+                         "'OLD.csv::ITS LABEL'")
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    if rows and not {"run", "step", "valid loss", "valid PPL", "source"} <= rows[0].keys():
+        raise SystemExit(f"valid_curves: {path} is not a CSV this script wrote (its columns: "
+                         "run, step, valid loss, valid PPL, source)")
+    mine = [r for r in rows if r["run"] == label]
+    if not mine:
+        known = ", ".join(f"'{r}'" for r in dict.fromkeys(r["run"] for r in rows))
+        raise SystemExit(f"valid_curves: {path} has no line '{label}'; its lines: {known}")
+    points = [{"step": int(r["step"]), "valid/loss": float(r["valid loss"]),
+               "valid/ppl": float(r["valid PPL"])} for r in mine]
+    return points, mine[0]["source"]
+
 
 def history(run: Path) -> tuple[list[dict[str, float]], str]:
     """The run's validations and where they were read: results.json, else train.log."""
+    if CSV_LINE in str(run):
+        return history_from_csv(str(run))
     results = run / "results.json"
     if results.is_file():
         return json.loads(results.read_text()).get("train", {}).get("valid_history") or [], \
@@ -83,11 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     for label, run in opts.run:
         colour = colours.setdefault(label.split(",")[0], f"C{len(colours)}")
         style = {"color": colour, "linestyle": line_style(label, opts.style)}
-        points, source = history(Path(run).expanduser())
+        points, source = history(Path(run).expanduser() if CSV_LINE not in run else run)
         points = [p for p in points if math.isfinite(p["valid/ppl"])]
         if not points:
             raise SystemExit(f"valid_curves: {run} recorded no finite validation ({source})")
-        if source == "train.log":
+        if source == "train.log" and "(train.log, to step" not in label:
             label = f"{label} (train.log, to step {points[-1]['step']:,})"
         styles[label] = style
         data[label] = ([p["step"] for p in points], [p["valid/ppl"] for p in points])

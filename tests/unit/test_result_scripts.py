@@ -184,6 +184,37 @@ def test_valid_curves_leaves_out_diverged_validations_and_takes_a_set_top(tmp_pa
     assert not (tmp_path / "c.csv").exists() and not (tmp_path / "d.png").exists()
 
 
+def test_valid_curves_draws_a_gone_run_from_a_csv_it_wrote_keeping_points_and_source(tmp_path):
+    """'OLD.csv::LABEL' redraws one line of an earlier figure's CSV: the same points, the same
+    source (a train.log line keeps its 'to step' note, not twice); a missing CSV, another CSV
+    and an unknown label are refused in one line that lists the labels it has."""
+    import csv
+
+    script = _script("valid_curves")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "train.log").write_text("step 200  valid loss 2.0000  ppl 7.39\n"
+                                   "step 400  valid loss 1.2345  ppl 3.44\n")
+    first = tmp_path / "first.png"
+    assert script.main(["--out", str(first), "--run", "h = 1, seed 3", str(run)]) == 0
+    old = list(csv.reader(first.with_suffix(".csv").open(newline="")))
+    assert old[1:] == [["h = 1, seed 3 (train.log, to step 400)", "200", "2.0000", "7.389",
+                        "train.log"],
+                       ["h = 1, seed 3 (train.log, to step 400)", "400", "1.2345", "3.437",
+                        "train.log"]]
+    again = tmp_path / "again.png"
+    spec = f"{first.with_suffix('.csv')}::h = 1, seed 3 (train.log, to step 400)"
+    assert script.main(["--out", str(again), "--run", "h = 1, seed 3", spec]) == 0
+    assert list(csv.reader(again.with_suffix(".csv").open(newline=""))) == old
+    (tmp_path / "other.csv").write_text("a,b\n1,2\n")
+    for spec, message in ((f"{tmp_path / 'none.csv'}::x", "no CSV"),
+                          (f"{tmp_path / 'other.csv'}::x", "is not a CSV this script wrote"),
+                          (f"{first.with_suffix('.csv')}::h = 8",
+                           r"has no line 'h = 8'; its lines: 'h = 1, seed 3 \(train.log")):
+        with pytest.raises(SystemExit, match=message):
+            script.main(["--out", str(tmp_path / "x.png"), "--run", "x", spec])
+
+
 def test_valid_curves_line_styles_go_by_the_first_text_a_label_holds():
     script = _script("valid_curves")
     styles = [("seed 2", "dashed"), ("seed 3", "dotted"), ("seed", "dashdot")]
