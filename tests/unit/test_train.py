@@ -339,3 +339,26 @@ def test_no_finite_validation_keeps_no_best_weights(monkeypatch):
     result = train(_model(), _split(40), _split(8, 1), cfg, 0, CPU, keep_best=True)
     assert result.best_weights is None and result.best_step is None
     assert [h["step"] for h in result.history] == [2, 4]
+
+
+def test_a_cuda_device_takes_cudnn_out_of_fused_attention_and_a_cpu_one_leaves_it(monkeypatch):
+    """cuDNN's attention builds a plan for every new batch shape, and heads-lab's token-packed
+    batches nearly all have their own (training.device.no_cudnn_attention): a cuda device turns
+    it off for the process; a cpu device (auto without a GPU too) leaves PyTorch's order alone."""
+    import heads_lab.training.device as device
+
+    was = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        assert device.resolve_device("auto") == torch.device("cpu")
+        assert device.resolve_device("cpu") == torch.device("cpu")
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+        assert device.resolve_device("cuda:1") == torch.device("cuda", 1)
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        assert device.resolve_device("auto") == torch.device("cuda")
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(was)
