@@ -19,6 +19,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
 from heads_lab.config.schemas import LoggerConfig
 from heads_lab.config.sites import SITES
@@ -158,7 +159,7 @@ class Tracker:
         self.progress = Progress(
             TextColumn("[bold]train"), BarColumn(), TextColumn("step {task.completed}/{task.total}"),
             TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
-            TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+            TimeElapsedColumn(), TextColumn("ETA"), _Remaining(),
             console=console, transient=False,
         )
         self.progress.start()
@@ -211,6 +212,8 @@ class Tracker:
         if self.progress is not None:
             if step is not None and self.task is not None:
                 self.progress.update(self.task, completed=step)
+            if self.task is not None:
+                self.progress.stop_task(self.task)
             self.progress.stop()
             self.progress = None
 
@@ -218,6 +221,16 @@ class Tracker:
         self.stop_progress()
         tracked, self.trackers = self.trackers, []
         trackers.finish(tracked, summary, failed)
+
+
+class _Remaining(TimeRemainingColumn):
+    """The bar's ETA; none once training stopped short of its last step (patience, the time
+    budget, a stop signal), where rich would keep its last estimate."""
+
+    def render(self, task):
+        if task.stop_time is not None and not task.finished:
+            return Text("-:--:--", style="progress.remaining")
+        return super().render(task)
 
 
 def summary_table(title: str, rows: list[tuple[str, str]]) -> Table:

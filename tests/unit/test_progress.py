@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 import torch
@@ -135,7 +136,15 @@ def test_the_progress_bars_last_line_is_where_training_stopped(tmp_path):
         tracker.start(1000)
         tracker.log(130, {"train/loss": 3.0, "train/lr": 1e-3, "train/tokens_per_s": 4000.0,
                           "train/seconds": 10.0})
+        time.sleep(0.05)  # a pace: rich's estimate of the time left
         tracker.stop_progress(137)
+        tracker.start(200)
+        tracker.log(200, {"train/loss": 2.0, "train/lr": 1e-3, "train/tokens_per_s": 4000.0,
+                          "train/seconds": 10.0})
+        tracker.stop_progress(200)
     finally:
         tracking.console = original
-    assert "step 137/1000" in out.getvalue().splitlines()[-1]
+    stopped, ended = [line for line in out.getvalue().splitlines() if line.startswith("train")]
+    # stopped short: no estimate left of the steps it will never take; at its end: nothing left
+    assert "step 137/1000" in stopped and stopped.rstrip().endswith("ETA -:--:--")
+    assert "step 200/200" in ended and ended.rstrip().endswith("ETA 0:00:00")
