@@ -23,6 +23,7 @@ import argparse
 import csv
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -31,35 +32,44 @@ from heads_lab.output.curves import draw_valid_curves
 from heads_lab.output.files import ensure_writable
 from heads_lab.output.tracking import valid_history_from_log
 
-CSV_LINE = "::"
+CSV_LINE = ".csv::"  # 'OLD.csv::ITS LABEL': a line of a CSV this script wrote
+CSV_COLUMNS = ("run", "step", "valid loss", "valid PPL", "source")
+LOG_NOTE = re.compile(r" \(train\.log, to step [\d,]+\)$")  # what a label from a train.log gets
 
 
 def history_from_csv(spec: str) -> tuple[list[dict[str, float]], str]:
     """The points of one line of a CSV this script wrote ('OLD.csv::ITS LABEL'), and their
     source there (results.json or train.log)."""
-    name, label = spec.split(CSV_LINE, 1)
-    path = Path(name).expanduser()
+    cut = spec.index(CSV_LINE) + len(".csv")
+    path, label = Path(spec[:cut]).expanduser(), spec[cut + 2:]
     if not path.is_file():
         raise SystemExit(f"valid_curves: no CSV {path}: pass a CSV this script wrote, as "
                          "'OLD.csv::ITS LABEL'")
     with path.open(newline="") as f:
-        rows = list(csv.DictReader(f))
-    if rows and not {"run", "step", "valid loss", "valid PPL", "source"} <= rows[0].keys():
-        raise SystemExit(f"valid_curves: {path} is not a CSV this script wrote (its columns: "
-                         "run, step, valid loss, valid PPL, source)")
+        reader = csv.DictReader(f)
+        rows = list(reader)
+        if not set(CSV_COLUMNS) <= set(reader.fieldnames or ()):
+            raise SystemExit(f"valid_curves: {path} is not a CSV this script wrote (its "
+                             f"columns: {', '.join(CSV_COLUMNS)})")
     mine = [r for r in rows if r["run"] == label]
     if not mine:
-        known = ", ".join(f"'{r}'" for r in dict.fromkeys(r["run"] for r in rows))
+        known = ", ".join(f"'{r}'" for r in dict.fromkeys(r["run"] for r in rows)) or "none"
         raise SystemExit(f"valid_curves: {path} has no line '{label}'; its lines: {known}")
-    points = [{"step": int(r["step"]), "valid/loss": float(r["valid loss"]),
-               "valid/ppl": float(r["valid PPL"])} for r in mine]
+    try:
+        points = [{"step": int(r["step"]), "valid/loss": float(r["valid loss"]),
+                   "valid/ppl": float(r["valid PPL"])} for r in mine]
+    except ValueError as err:
+        raise SystemExit(f"valid_curves: {path}, line '{label}': {err}: pass a CSV this script "
+                         "wrote, unedited") from None
     return points, mine[0]["source"]
 
 
-def history(run: Path) -> tuple[list[dict[str, float]], str]:
-    """The run's validations and where they were read: results.json, else train.log."""
-    if CSV_LINE in str(run):
+def history(run: Path | str) -> tuple[list[dict[str, float]], str]:
+    """The run's validations and where they were read: results.json, else train.log; or a line
+    of a CSV this script wrote, where `run` is no directory and names one ('OLD.csv::LABEL')."""
+    if CSV_LINE in str(run) and not Path(run).expanduser().is_dir():
         return history_from_csv(str(run))
+    run = Path(run).expanduser()
     results = run / "results.json"
     if results.is_file():
         return json.loads(results.read_text()).get("train", {}).get("valid_history") or [], \
@@ -93,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
                         metavar=("TEXT", "STYLE"), help="lines whose label holds TEXT in STYLE: "
                         + ", ".join(LINE_STYLES))
     parser.add_argument("--run", nargs=2, action="append", required=True,
-                        metavar=("LABEL", "RUN_DIR"), help="a line: its label and run directory")
+                        metavar=("LABEL", "RUN_DIR"), help="a line: its label and run directory (or "
+                        "'OLD.csv::ITS LABEL': a line of a CSV this script wrote)")
     opts = parser.parse_args(argv)
     if opts.out.suffix.lower() != ".png":
         raise SystemExit(f"valid_curves: --out {opts.out} is not a .png (its CSV goes beside it)")
@@ -111,12 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     for label, run in opts.run:
         colour = colours.setdefault(label.split(",")[0], f"C{len(colours)}")
         style = {"color": colour, "linestyle": line_style(label, opts.style)}
-        points, source = history(Path(run).expanduser() if CSV_LINE not in run else run)
+        points, source = history(run)
         points = [p for p in points if math.isfinite(p["valid/ppl"])]
         if not points:
             raise SystemExit(f"valid_curves: {run} recorded no finite validation ({source})")
-        if source == "train.log" and "(train.log, to step" not in label:
-            label = f"{label} (train.log, to step {points[-1]['step']:,})"
+        if source == "train.log":  # its own note, where the label (from a CSV) had one
+            label = f"{LOG_NOTE.sub('', label)} (train.log, to step {points[-1]['step']:,})"
         styles[label] = style
         data[label] = ([p["step"] for p in points], [p["valid/ppl"] for p in points])
         rows += [[label, p["step"], f"{p['valid/loss']:.4f}", f"{p['valid/ppl']:.3f}", source]

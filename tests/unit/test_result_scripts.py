@@ -186,33 +186,52 @@ def test_valid_curves_leaves_out_diverged_validations_and_takes_a_set_top(tmp_pa
 
 def test_valid_curves_draws_a_gone_run_from_a_csv_it_wrote_keeping_points_and_source(tmp_path):
     """'OLD.csv::LABEL' redraws one line of an earlier figure's CSV: the same points, the same
-    source (a train.log line keeps its 'to step' note, not twice); a missing CSV, another CSV
-    and an unknown label are refused in one line that lists the labels it has."""
+    source (results.json or train.log; a train.log line's 'to step' note once, and its own);
+    a run dir whose name holds '.csv::' is still a run dir; a missing CSV, another CSV, one
+    with no lines, a bad number and an unknown label are refused in one line."""
     import csv
+    import json
 
     script = _script("valid_curves")
     run = tmp_path / "run"
     run.mkdir()
     (run / "train.log").write_text("step 200  valid loss 2.0000  ppl 7.39\n"
                                    "step 400  valid loss 1.2345  ppl 3.44\n")
+    done = tmp_path / "done.csv::1"  # a run dir, its name notwithstanding
+    done.mkdir()
+    (done / "results.json").write_text(json.dumps({"train": {"valid_history": [
+        {"step": 100, "valid/loss": 1.5, "valid/ppl": 4.4817}]}}))
     first = tmp_path / "first.png"
-    assert script.main(["--out", str(first), "--run", "h = 1, seed 3", str(run)]) == 0
+    assert script.main(["--out", str(first), "--run", "h = 1, seed 3", str(run),
+                        "--run", "h = 8", str(done)]) == 0
     old = list(csv.reader(first.with_suffix(".csv").open(newline="")))
-    assert old[1:] == [["h = 1, seed 3 (train.log, to step 400)", "200", "2.0000", "7.389",
-                        "train.log"],
-                       ["h = 1, seed 3 (train.log, to step 400)", "400", "1.2345", "3.437",
-                        "train.log"]]
+    cut = "h = 1, seed 3 (train.log, to step 400)"
+    assert old[1:] == [[cut, "200", "2.0000", "7.389", "train.log"],
+                       [cut, "400", "1.2345", "3.437", "train.log"],
+                       ["h = 8", "100", "1.5000", "4.482", "results.json"]]
     again = tmp_path / "again.png"
-    spec = f"{first.with_suffix('.csv')}::h = 1, seed 3 (train.log, to step 400)"
-    assert script.main(["--out", str(again), "--run", "h = 1, seed 3", spec]) == 0
+    table = first.with_suffix(".csv")
+    assert script.main(["--out", str(again), "--run", "h = 1, seed 3", f"{table}::{cut}",
+                        "--run", "h = 8", f"{table}::h = 8"]) == 0
     assert list(csv.reader(again.with_suffix(".csv").open(newline=""))) == old
+    # a label that carries the note already (or a stale one) gets the line's own, once
+    assert script.main(["--out", str(again), "--run", "h = 1 (train.log, to step 200)",
+                        f"{table}::{cut}"]) == 0
+    assert {r[0] for r in csv.reader(again.with_suffix(".csv").open(newline=""))} == \
+        {"run", "h = 1 (train.log, to step 400)"}
     (tmp_path / "other.csv").write_text("a,b\n1,2\n")
+    (tmp_path / "header.csv").write_text("run,step,valid loss,valid PPL,source\n")
+    (tmp_path / "bad.csv").write_text("run,step,valid loss,valid PPL,source\nx,2e2,1,2,train.log\n")
     for spec, message in ((f"{tmp_path / 'none.csv'}::x", "no CSV"),
                           (f"{tmp_path / 'other.csv'}::x", "is not a CSV this script wrote"),
-                          (f"{first.with_suffix('.csv')}::h = 8",
-                           r"has no line 'h = 8'; its lines: 'h = 1, seed 3 \(train.log")):
-        with pytest.raises(SystemExit, match=message):
+                          (f"{tmp_path / 'header.csv'}::x", "has no line 'x'; its lines: none$"),
+                          (f"{tmp_path / 'bad.csv'}::x", "line 'x': invalid literal .* unedited"),
+                          (f"{table}::h = 4", r"has no line 'h = 4'; its lines: 'h = 1, seed 3 "
+                                              r"\(train.log, to step 400\)', 'h = 8'$")):
+        with pytest.raises(SystemExit, match=message) as err:
             script.main(["--out", str(tmp_path / "x.png"), "--run", "x", spec])
+        assert "\n" not in str(err.value)
+    assert not (tmp_path / "x.png").exists()
 
 
 def test_valid_curves_line_styles_go_by_the_first_text_a_label_holds():
