@@ -11,11 +11,11 @@ def draw_valid_curves(data: dict[str, tuple[list[int], list[float]]], path: Path
                       styles: dict[str, dict] | None = None, legend_below: bool = False,
                       ymax: float | None = None) -> Path | None:
     """Valid PPL against training step from {label: (steps, valid PPL)}, a line per label, log y,
-    each line's lowest point starred (report.plot_valid_curves: a row's mean over its seeds;
-    scripts/valid_curves.py: one run each). styles: a label's own line settings (color,
-    linestyle); legend_below: the legend under the axes, off every line; ymax: the axis' top
-    (else the lines' ends readable: at most 3× the lowest point). None where no label has two
-    points."""
+    each line's lowest point starred, drawn whole at the axes' edge (report.plot_valid_curves:
+    a row's mean over its seeds; scripts/valid_curves.py: one run each). styles: a label's own
+    line settings (color, linestyle); legend_below: the legend under the axes, off every line;
+    ymax: the axis' top (else the lines' ends readable: at most 3× the lowest point). None where
+    no label has two points."""
     import matplotlib  # lazy: start-up time (matplotlib), as in every figure module
 
     matplotlib.use("Agg")
@@ -29,13 +29,14 @@ def draw_valid_curves(data: dict[str, tuple[list[int], list[float]]], path: Path
         (line,) = ax.plot(steps, ppl, marker=".", markersize=3, label=label,
                           **(styles or {}).get(label, {}))
         best = min(range(len(ppl)), key=ppl.__getitem__)
-        ax.plot(steps[best], ppl[best], marker="*", markersize=10, color=line.get_color())
+        ax.plot(steps[best], ppl[best], marker="*", markersize=10, color=line.get_color(),
+                markeredgecolor="white", markeredgewidth=0.5, clip_on=False, zorder=3)
     ax.set_yscale("log")
     low = min(min(ppl) for _, ppl in data.values())
     high = max(max(ppl) for _, ppl in data.values())
     # the end of training readable (early, high PPL off the top), every row's best point shown
     top = ymax or min(high, max(3 * low, max(min(ppl) for _, ppl in data.values()))) * 1.03
-    ax.set_ylim(low / 1.03, top)
+    ax.set_ylim(low / 1.06, top)  # room below the lowest star
     ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
     ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
     ax.set_xlabel("training step")
