@@ -22,7 +22,7 @@ from heads_lab.data.tokenizer import EOS
 from heads_lab.model import Transformer, kernels
 from heads_lab.model.decode import beam_search, greedy
 from heads_lab.training.captured import CapturedLoss
-from heads_lab.training.device import autocast, synchronize
+from heads_lab.training.device import autocast, resolve_device, synchronize
 from heads_lab.training.optim import adam
 
 CPU = torch.device("cpu")
@@ -68,7 +68,9 @@ class Workload:
 
     @property
     def torch_device(self) -> torch.device:
-        return torch.device(self.device)
+        """The device, as a run resolves it (on CUDA, cuDNN out of fused attention: also in
+        peak_memory_mb's fresh process, which inherits no such setting)."""
+        return resolve_device(self.device)
 
     def tensors(self, seed: int = 0):
         g = torch.Generator().manual_seed(seed)  # drawn on CPU, so every device gets the same batch

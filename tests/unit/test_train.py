@@ -344,7 +344,8 @@ def test_no_finite_validation_keeps_no_best_weights(monkeypatch):
 def test_a_cuda_device_takes_cudnn_out_of_fused_attention_and_a_cpu_one_leaves_it(monkeypatch):
     """cuDNN's attention builds a plan for every new batch shape, and heads-lab's token-packed
     batches nearly all have their own (training.device.no_cudnn_attention): a cuda device turns
-    it off for the process; a cpu device (auto without a GPU too) leaves PyTorch's order alone."""
+    it off for the process (a run's, the bench's); a cpu device (auto without a GPU too) leaves
+    PyTorch's order alone."""
     import heads_lab.training.device as device
 
     was = torch.backends.cuda.cudnn_sdp_enabled()
@@ -359,6 +360,14 @@ def test_a_cuda_device_takes_cudnn_out_of_fused_attention_and_a_cpu_one_leaves_i
         torch.backends.cuda.enable_cudnn_sdp(True)
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         assert device.resolve_device("auto") == torch.device("cuda")
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        # the bench's workload too, also in the fresh process that measures peak memory
+        from heads_lab.bench.measure import Workload
+
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        assert Workload(device="cpu").torch_device == torch.device("cpu")
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+        assert Workload(device="cuda:0").torch_device == torch.device("cuda", 0)
         assert not torch.backends.cuda.cudnn_sdp_enabled()
     finally:
         torch.backends.cuda.enable_cudnn_sdp(was)
