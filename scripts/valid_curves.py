@@ -40,8 +40,8 @@ LOG_NOTE = re.compile(r" \(train\.log, to step [\d,]+\)$")  # what a label from 
 def history_from_csv(spec: str) -> tuple[list[dict[str, float]], str]:
     """The points of one line of a CSV this script wrote ('OLD.csv::ITS LABEL'), and their
     source there (results.json or train.log)."""
-    cut = spec.index(CSV_LINE) + len(".csv")
-    path, label = Path(spec[:cut]).expanduser(), spec[cut + 2:]
+    name, _, label = spec.partition(CSV_LINE)
+    path = Path(name + ".csv").expanduser()
     if not path.is_file():
         raise SystemExit(f"valid_curves: no CSV {path}: pass a CSV this script wrote, as "
                          "'OLD.csv::ITS LABEL'")

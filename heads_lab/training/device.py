@@ -31,10 +31,10 @@ def no_cudnn_attention() -> None:
     heads-lab's batches are packed by tokens, so nearly every batch has a shape of its own, and
     decoding changes length every step. Measured on an H200 (PyTorch 2.11, d_model 512, 6+6
     layers, three runs sharing it): the multi-head runs took about a minute for their first 200
-    training steps with cuDNN in the order, and 17-19 s with it out (TORCH_CUDNN_SDPA_DEPRIORITIZED
-    =1); h = 1, whose 512-wide head cuDNN does not take, took about 20 s either way. The
-    flash and memory-efficient kernels need no per-shape plan. Not a CPU matter: nothing changes
-    there."""
+    training steps with cuDNN in the order, and 17-19 s with it out (set by
+    TORCH_CUDNN_SDPA_DEPRIORITIZED=1); h = 1, whose 512-wide head cuDNN does not take, took about
+    20 s either way. The flash and memory-efficient kernels need no per-shape plan. Not a CPU
+    matter: nothing changes there."""
     torch.backends.cuda.enable_cudnn_sdp(False)
 
 
