@@ -235,8 +235,9 @@ def test_pruning_metric_is_the_task_metric_computed_by_hand(tiny, family):
     assert row["ppl"] == pytest.approx(math.exp(want), rel=1e-5)
     with torch.no_grad():
         plain = pre.model(**b.kwargs).logits
-    unmasked = F.cross_entropy(plain[real], labels[real], reduction="mean").item()
-    assert abs(unmasked - want) > 1e-5  # the mask took effect (a random model: a small one)
+    # the mask took effect: on the logits, not the loss, which a random model's few masked
+    # tokens can leave within 2e-6 of the unmasked one (seen once, with another tiny vocabulary)
+    assert (plain - logits).abs().max().item() > 1e-4
 
 
 def test_a_mistyped_local_dir_is_named_as_a_dir_not_looked_up_on_the_hub(tmp_path, monkeypatch):
