@@ -11,7 +11,8 @@ both sides), <out>/bert (BertForMaskedLM) and <out>/distilbert (DistilBertForMas
 encoders sharing one WordPiece vocabulary; d_model 64, 4 heads, 2 layers (2+2 for Marian). The
 tokenizers are trained on Multi30k's German and English training text where $HEADS_LAB_DATA (or
 --data) holds it, else on heads-lab's embedded synthetic language pair. The weights are random
-(seeded): the models are for testing the plumbing, not for their numbers.
+(seeded) and the vocabularies' ids the same every build: the models are for testing the
+plumbing, not for their numbers.
 """
 
 from __future__ import annotations
@@ -99,6 +100,12 @@ def encoders(out: Path, lines: list[str]) -> tuple[Path, Path]:
         words.train([str(corpus)], vocab_size=1000, min_frequency=1)
         words.save_model(tmp)
         vocab = Path(tmp) / "vocab.txt"
+        # the same ids every build: the trainer orders its pieces differently each time (the same
+        # set); its special tokens first, as it writes them, then the pieces sorted
+        pieces = vocab.read_text(encoding="utf-8").splitlines()
+        specials = [p for p in pieces if p.startswith("[") and p.endswith("]")]
+        vocab.write_text("\n".join(specials + sorted(set(pieces) - set(specials))) + "\n",
+                         encoding="utf-8")
         bert_tok = BertTokenizerFast(str(vocab), do_lower_case=False, strip_accents=False)
         distil_tok = DistilBertTokenizerFast(str(vocab), do_lower_case=False, strip_accents=False)
     size = bert_tok.vocab_size

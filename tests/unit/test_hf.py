@@ -182,6 +182,22 @@ def test_info_counts_parameters_and_flops_like_the_library(tiny):
         assert row["flops_per_token"] == counter.get_total_flops() / 20
 
 
+def test_the_tiny_models_are_the_same_every_build(tmp_path):
+    """Tests' numbers rest on the tiny models: two builds give the same vocabularies (ids
+    included: the WordPiece trainer orders its pieces differently each time) and weights."""
+    import json
+
+    builder = _builder()
+    lines = builder.texts(None)
+    first, again = (builder.encoders(tmp_path / name, lines) for name in ("a", "b"))
+    for one, two in zip(first, again, strict=True):
+        vocab = [json.loads((d / "tokenizer.json").read_text())["model"]["vocab"] for d in (one, two)]
+        assert vocab[0] == vocab[1] and len(vocab[0]) > 500
+        assert list(vocab[0])[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+        weights = [(d / "model.safetensors").read_bytes() for d in (one, two)]
+        assert weights[0] == weights[1]
+
+
 @pytest.mark.parametrize("family", ["marian", "bert"])
 def test_pruning_metric_is_the_task_metric_computed_by_hand(tiny, family):
     """prune's metric against the library and sacrebleu: BERT's masked-LM loss and top-1
