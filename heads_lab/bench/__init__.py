@@ -122,16 +122,12 @@ def _profile_table(result: dict):
 
 def _workload(opts):
     """The batch on its device, and the table's precision, from the command line."""
-    import torch  # lazy: start-up time (torch)
-
     from heads_lab.bench.measure import Workload  # lazy: start-up time (torch)
     from heads_lab.training.device import check_precision, resolve_device  # lazy: start-up time (torch)
 
     if opts.device != "auto" and opts.device != "cpu" and not opts.device.startswith("cuda"):
         raise ConfigError(f"--device {opts.device} is not a device: use auto, cpu, cuda or cuda:N")
-    device = resolve_device(opts.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"--device {opts.device}: no CUDA device here; use --device cpu")
+    device = resolve_device(opts.device, setting="--device")
     precision = opts.precision if opts.precision != "auto" else (
         "bf16" if device.type == "cuda" else "fp32")
     check_precision(device, precision)

@@ -15,10 +15,26 @@ import torch
 from heads_lab.errors import ConfigError
 
 
-def resolve_device(name: str) -> torch.device:
-    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto"
-                          else name)
+def resolve_device(name: str, setting: str = "trainer.device") -> torch.device:
+    """The torch device `name` (auto: cuda where there is one, else cpu). A CUDA device that this
+    machine lacks (no GPU, a CPU build of torch, an index past the last GPU) is refused in one
+    line naming `setting`, before any work: torch would fail only at the first CUDA call, with a
+    traceback."""
+    try:
+        device = torch.device(("cuda" if torch.cuda.is_available() else "cpu")
+                              if name == "auto" else name)
+    except (RuntimeError, ValueError):
+        raise ConfigError(f"{setting}={name} is not a device: use auto, cpu, cuda or cuda:N"
+                          ) from None
     if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if not count:
+            raise ConfigError(f"{setting}={name}: no CUDA device here (torch "
+                              f"{torch.__version__}); use {setting}=cpu, or auto")
+        if device.index is not None and device.index >= count:
+            raise ConfigError(f"{setting}={name}: this machine has {count} CUDA device"
+                              f"{'s' if count > 1 else ''} (cuda:0 to cuda:{count - 1}); "
+                              f"use one of those, or {setting}=cuda")
         no_cudnn_attention()
     return device
 

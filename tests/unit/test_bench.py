@@ -184,7 +184,8 @@ def test_bench_refuses_a_device_it_cannot_use():
     with pytest.raises(ConfigError, match="is not a device"):
         main(["--device", "tpu"])
     if not __import__("torch").cuda.is_available():
-        with pytest.raises(ConfigError, match="no CUDA device here; use --device cpu"):
+        with pytest.raises(ConfigError,
+                           match=r"^--device=cuda: no CUDA device here .*; use --device=cpu, or auto$"):
             main(["--device", "cuda"])
 
 

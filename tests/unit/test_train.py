@@ -341,6 +341,27 @@ def test_no_finite_validation_keeps_no_best_weights(monkeypatch):
     assert [h["step"] for h in result.history] == [2, 4]
 
 
+def test_a_cuda_device_this_machine_lacks_is_refused_in_one_line(monkeypatch):
+    """trainer.device=cuda on a machine without one (a CPU build of torch) failed at the first
+    CUDA call with a traceback, after the run dir was made; cuda:N past the last GPU likewise."""
+    import heads_lab.training.device as device
+    from heads_lab.errors import ConfigError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"^trainer.device=cuda: no CUDA device here \(torch .*"
+                                          r"\); use trainer.device=cpu, or auto$"):
+        device.resolve_device("cuda")
+    with pytest.raises(ConfigError, match="^trainer.device=gpu is not a device: use auto, cpu"):
+        device.resolve_device("gpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(device, "no_cudnn_attention", lambda: None)
+    with pytest.raises(ConfigError, match=r"^trainer.device=cuda:3: this machine has 1 CUDA device "
+                                          r"\(cuda:0 to cuda:0\); use one of those"):
+        device.resolve_device("cuda:3")
+    assert device.resolve_device("cuda:0") == torch.device("cuda", 0)
+
+
 def test_a_cuda_device_takes_cudnn_out_of_fused_attention_and_a_cpu_one_leaves_it(monkeypatch):
     """cuDNN's attention builds a plan for every new batch shape, and heads-lab's token-packed
     batches nearly all have their own (training.device.no_cudnn_attention): a cuda device turns
@@ -355,10 +376,12 @@ def test_a_cuda_device_takes_cudnn_out_of_fused_attention_and_a_cpu_one_leaves_i
         assert device.resolve_device("auto") == torch.device("cpu")
         assert device.resolve_device("cpu") == torch.device("cpu")
         assert torch.backends.cuda.cudnn_sdp_enabled()
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
         assert device.resolve_device("cuda:1") == torch.device("cuda", 1)
         assert not torch.backends.cuda.cudnn_sdp_enabled()
         torch.backends.cuda.enable_cudnn_sdp(True)
-        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         assert device.resolve_device("auto") == torch.device("cuda")
         assert not torch.backends.cuda.cudnn_sdp_enabled()
         # the bench's workload too, also in the fresh process that measures peak memory
