@@ -18,7 +18,7 @@ from heads_lab.commands.runs import evaluated_best
 from heads_lab.config.compose import cache_dir
 from heads_lab.config.cost import Lengths, account
 from heads_lab.config.schemas import LoggerConfig, RunConfig
-from heads_lab.config.unread import unread_prune_settings
+from heads_lab.config.unread import unread_prune_settings, unread_train_settings
 from heads_lab.config.variants import variant
 from heads_lab.data import collate, epoch_batches, prepare, testsets, train_subset
 from heads_lab.data.cleaning import describe
@@ -56,7 +56,9 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
     started = time.perf_counter()
     ranks, device, precision = _start(run, run_dir)
     main_rank = ranks is None or ranks.is_main
-    for warning in unread_prune_settings(overrides, "train", run.prune) if main_rank else []:
+    unread = unread_prune_settings(overrides, "train", run.prune) + \
+        unread_train_settings(overrides, run)
+    for warning in unread if main_rank else []:
         log.warning(warning)
     peak = PeakMemory(device)
     run_name = name or short_name(overrides)

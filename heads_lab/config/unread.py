@@ -1,7 +1,9 @@
-"""The prune.* settings each command reads. One set on the command line that the command will
-not read with this config is named in a warning instead of passing silently (prune.gate_lr on a
-run without gates). A warning, not an error: a sweep such as `-m prune.l0_lambda=0,0.05
-prune.gate_lr=0.1` sets it for every job, the λ = 0 control included."""
+"""Settings set on the command line that the command will not read with this config, named in a
+warning instead of passing silently: the prune.* settings each command reads (prune.gate_lr on a
+run without gates), and training settings that another setting turns off (model.talking_heads_in
+with attention=mha). A warning, not an error: a sweep such as `-m prune.l0_lambda=0,0.05
+prune.gate_lr=0.1` or `-m model.attention=mha,talking_heads model.talking_heads_in=[enc-self]`
+sets it for every job, the control included."""
 
 from __future__ import annotations
 
@@ -36,4 +38,33 @@ def unread_prune_settings(overrides: list[str], command: str, prune) -> list[str
                      f"only method={'gates' if method == 'importance' else 'importance'} "
                      "reads it")
             warnings.append(f"{item} has no effect with method={method}: {other}")
+    return warnings
+
+
+SYNTHETIC_CLEAN = ("data.cleaning.normalize", "data.cleaning.dedup", "data.cleaning.on_decode_error")
+
+
+def unread_train_settings(overrides: list[str], run) -> list[str]:
+    """A warning line for each KEY=VALUE of `overrides` that `heads-lab train` will not act on
+    with the config `run` (a RunConfig), because another setting turns it off."""
+    attention = getattr(run.model.attention, "value", run.model.attention)
+    t = run.trainer
+    validations = None if t.max_steps is None else t.max_steps // t.valid_every
+    why = {
+        "model.talking_heads_in": "model.attention=mha has no talking heads"
+        if attention == "mha" else None,
+        "trainer.position_bias_lr": "model.relative_positions=0 gives no position biases"
+        if not run.model.relative_positions else None,
+        "trainer.patience": f"this run validates {validations} time(s) (every "
+        f"trainer.valid_every={t.valid_every} of trainer.max_steps={t.max_steps}), too few for "
+        f"{t.patience} validations without improvement"
+        if t.patience and validations is not None and validations <= t.patience else None,
+        **{key: "data=synthetic is generated clean (only data.cleaning.max_ratio applies)"
+           if run.data.name == "synthetic" else None for key in SYNTHETIC_CLEAN},
+    }
+    warnings = []
+    for item in overrides:
+        key = item.lstrip("+~").partition("=")[0]
+        if why.get(key):
+            warnings.append(f"{item} has no effect on this training: {why[key]}")
     return warnings

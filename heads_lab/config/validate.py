@@ -33,6 +33,7 @@ def validate(run: RunConfig) -> None:
     _check_analysis_prune(run.analysis, run.prune)
     _check_data(run.data, run.trainer, run.model)
     _check_eval(run.eval, run.data, run.model)
+    _check_optimiser(run)
 
 
 def _check_model(m) -> None:
@@ -93,6 +94,25 @@ def _check_trainer(t) -> None:
     )
 
 
+def _check_optimiser(run) -> None:
+    """The seed, Adam's settings, the other learning rates and info's lengths: values torch or
+    numpy would refuse only mid-run, with a traceback, or take and do nonsense with."""
+    t, pr = run.trainer, run.prune
+    _check(0 <= run.seed < 2**32, f"seed={run.seed} must be in [0, 2^32) (numpy's seed range)")
+    _check(all(0.0 <= b < 1.0 for b in t.adam_betas),
+           f"trainer.adam_betas={list(t.adam_betas)} must both be in [0, 1), e.g. [0.9,0.98]")
+    _check(t.adam_eps > 0, f"trainer.adam_eps={t.adam_eps} must be > 0 (e.g. 1e-9)")
+    _check(t.weight_decay >= 0, f"trainer.weight_decay={t.weight_decay} must be >= 0 (0 = none)")
+    _check(t.dist_timeout_s >= 1, f"trainer.dist_timeout_s={t.dist_timeout_s} must be >= 1 second")
+    for key, value, null in (("trainer.position_bias_lr", t.position_bias_lr, "trainer.lr"),
+                             ("prune.lr", pr.lr, "the run's last"),
+                             ("prune.gate_lr", pr.gate_lr, "the model's")):
+        _check(value is None or value > 0, f"{key}={value} must be > 0 (or null: {null})")
+    for key in ("src_len", "tgt_len"):
+        value = getattr(run.cost, key)
+        _check(value >= 1, f"cost.{key}={value} must be >= 1 token")
+
+
 def _check_analysis_prune(a, pr) -> None:
     _check(a.max_sentences is None or a.max_sentences >= 1,
            f"analysis.max_sentences={a.max_sentences} must be >= 1 (or null for all)")
@@ -120,6 +140,8 @@ def _check_analysis_prune(a, pr) -> None:
     _check(pr.steps >= 1, f"prune.steps={pr.steps} must be >= 1")
     _check(0.0 < pr.init_keep < 1.0, f"prune.init_keep={pr.init_keep} must be in (0, 1): "
            "σ(log α) at the start, 0.9 or Voita et al.'s 0.5 (log α = 0)")
+    _check(all(i >= 0 for i in a.sentences),
+           f"analysis.sentences={list(a.sentences)} must be sentence numbers >= 0 (0 = the first)")
     _check(pr.eval_sentences is None or pr.eval_sentences >= 1,
            f"prune.eval_sentences={pr.eval_sentences} must be >= 1 (or null for all)")
 
@@ -161,6 +183,8 @@ def _check_data(d, t, m) -> None:
         for key in ("train_size", "valid_size", "test_size", "nouns", "verbs", "adjectives",
                     "adverbs"):
             _check(getattr(d, key) >= 1, f"data.{key}={getattr(d, key)} must be >= 1")
+        _check(d.zipf >= 0, f"data.zipf={d.zipf} must be >= 0 (0 = every word equally likely)")
+        _check(d.max_depth >= 0, f"data.max_depth={d.max_depth} must be >= 0 (0 = no nesting)")
         for key, value in vars(d).items():
             if key.startswith("p_"):
                 _check(0.0 <= value <= 1.0, f"data.{key}={value} must be a probability in [0, 1]")
@@ -171,6 +195,9 @@ def _check_eval(e, d, m) -> None:
     _check(e.beam >= 1, f"eval.beam={e.beam} must be >= 1 (1 = greedy)")
     _check(e.lenpen >= 0, f"eval.lenpen={e.lenpen} must be >= 0")
     _check(e.max_sentences >= 1, f"eval.max_sentences={e.max_sentences} must be >= 1")
+    _check(e.max_len_a >= 0 and e.max_len_b >= 1, f"eval.max_len_a={e.max_len_a} and "
+           f"eval.max_len_b={e.max_len_b}: an output may be a · source length + b tokens long, "
+           "so a must be >= 0 and b >= 1 (e.g. 1.5 and 10)")
     if e.sacrebleu_test is not None:
         _check(e.split == "test", "eval.sacrebleu_test replaces the test split: set eval.split=test")
         check_sacrebleu_test(e.sacrebleu_test, d.src, d.tgt)

@@ -98,6 +98,19 @@ def test_choices_are_checked_when_composing_and_name_the_choices(override, choic
     (["model.attention=talking_heads", "model.heads_v=0"], "model.heads_v=0 must be a positive"),
     (["model.attention=talking_heads", "model.talking_heads_in=[enc]"],
      "model.talking_heads_in has ['enc']"),
+    # values torch or numpy refused only mid-run, with a traceback, or took and did nonsense with
+    (["seed=-1"], "seed=-1 must be in [0, 2^32)"),
+    (["trainer.adam_betas=[1.5,0.9]"], "trainer.adam_betas=[1.5, 0.9] must both be in [0, 1)"),
+    (["trainer.adam_eps=0"], "trainer.adam_eps=0.0 must be > 0"),
+    (["trainer.weight_decay=-1"], "trainer.weight_decay=-1.0 must be >= 0"),
+    (["trainer.position_bias_lr=-1"], "trainer.position_bias_lr=-1.0 must be > 0 (or null: "
+     "trainer.lr)"),
+    (["prune.lr=-1"], "prune.lr=-1.0 must be > 0 (or null: the run's last)"),
+    (["prune.gate_lr=0"], "prune.gate_lr=0.0 must be > 0 (or null: the model's)"),
+    (["eval.max_len_b=0"], "eval.max_len_b=0: an output may be a · source length + b tokens"),
+    (["cost.tgt_len=0"], "cost.tgt_len=0.0 must be >= 1 token"),
+    (["data.zipf=-1"], "data.zipf=-1.0 must be >= 0"),
+    (["analysis.sentences=[0,-1]"], "analysis.sentences=[0, -1] must be sentence numbers >= 0"),
 ])
 def test_validate_names_the_key_and_the_fix(overrides, message):
     with pytest.raises(ConfigError) as err:
@@ -180,3 +193,33 @@ def test_settings_a_command_does_not_read_are_named():
                                  by_gates) == [
         "prune.step=0.2 has no effect with method=gates: only method=importance reads it",
         "prune.split=test has no effect with method=gates: only method=importance reads it"]
+
+
+def test_training_settings_another_setting_turns_off_are_named():
+    """Set on the command line but turned off by another setting: model.talking_heads_in under
+    mha, trainer.position_bias_lr without relative positions, a patience too long for the run's
+    validations, and the text cleaning of the (generated) synthetic pair: a warning each; the
+    same settings where they act, none."""
+    from heads_lab.config.unread import unread_train_settings
+
+    args = ["model.talking_heads_in=[enc-self]", "trainer.position_bias_lr=0.1",
+            "trainer.patience=2", "data.cleaning.dedup=true", "data.cleaning.max_ratio=2"]
+    run = to_object(compose(["trainer.max_steps=300", "trainer.valid_every=100",
+                             *args]))
+    assert unread_train_settings(args, run) == [
+        "model.talking_heads_in=[enc-self] has no effect on this training: model.attention=mha "
+        "has no talking heads",
+        "trainer.position_bias_lr=0.1 has no effect on this training: model.relative_positions=0 "
+        "gives no position biases",
+        "data.cleaning.dedup=true has no effect on this training: data=synthetic is generated "
+        "clean (only data.cleaning.max_ratio applies)"]
+    acting = to_object(compose(["model.attention=talking_heads", "model.relative_positions=4",
+                                "trainer.max_steps=300", "trainer.valid_every=100",
+                                "trainer.patience=2", "data=tatoeba"]))
+    assert unread_train_settings(args, acting) == []
+    short = to_object(compose(["trainer.max_steps=300", "trainer.valid_every=100",
+                               "trainer.patience=3"]))
+    assert unread_train_settings(["trainer.patience=3"], short) == [
+        "trainer.patience=3 has no effect on this training: this run validates 3 time(s) (every "
+        "trainer.valid_every=100 of trainer.max_steps=300), too few for 3 validations without "
+        "improvement"]
