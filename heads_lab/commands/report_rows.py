@@ -76,11 +76,16 @@ def collect(dirs: list[Path]) -> tuple[list[Run], list[tuple[str, str]]]:
             continue
         try:
             results = json.loads(path.read_text())
-        except json.JSONDecodeError as err:
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
             problems.append((str(run_dir), f"unreadable results.json: {err}"))
             continue
-        if results.get("status") != "complete":
-            problems.append((str(run_dir), results.get("status", "incomplete")))
+        if not isinstance(results, dict) or results.get("status") != "complete":
+            status = results.get("status") if isinstance(results, dict) else None
+            problems.append((str(run_dir), str(status or "incomplete")))
+            continue
+        problem = _not_results(results)
+        if problem:
+            problems.append((str(run_dir), f"unreadable results.json: {problem}"))
             continue
         config = flatten(results["config"])
         config.update(written_before(config))  # e.g. an older talking-heads run's mix start
@@ -94,9 +99,20 @@ def collect(dirs: list[Path]) -> tuple[list[Run], list[tuple[str, str]]]:
                             f"it holds {len(curves)} importance-pruning curve(s) ({curves[0]}), "
                             "whose table and plot are their own prune.md, prune.csv and PNG; "
                             "`report` reads runs: `heads-lab prune method=gates` runs, or train runs")
-        raise DataError(f"no finished runs (results.json) under {', '.join(map(str, dirs))}; "
-                        "point heads-lab report at the dirs `heads-lab train` wrote")
+        skipped = (f" ({len(problems)} run dir(s) passed over, the first {problems[0][0]}: "
+                   f"{problems[0][1]})" if problems else "")
+        raise DataError(f"no finished runs (results.json) under {', '.join(map(str, dirs))}"
+                        f"{skipped}; point heads-lab report at the dirs `heads-lab train` wrote")
     return runs, problems
+
+
+def _not_results(results: dict) -> str | None:
+    """What makes a complete results.json unreadable to `report`, or None."""
+    if not isinstance(results.get("config"), dict) or not isinstance(results.get("metrics"), dict):
+        return "it has no config or metrics (not written by heads-lab train)"
+    bad = [k for k, v in results["metrics"].items()
+           if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)))]
+    return f"metrics {bad} are not numbers" if bad else None
 
 
 def model_shape(config: dict[str, Any]) -> dict[str, int]:

@@ -15,6 +15,7 @@ from heads_lab.commands.report_rows import Comparison, Row, Run, as_written, tra
 from heads_lab.output.tracking import short_key
 
 NO_SHARED_SEED = "no seed of the base row"  # a row's p_reason: no p (significance)
+NO_TEXTS = "no {split} translations (hyps.{split}.txt, refs.{split}.txt) in {whose} run dir"
 SECOND_RUN = "another run of its seed in its row is the one paired"  # a run's: seed_p_values
 
 
@@ -55,15 +56,26 @@ def significance(rows: list[Row], base: Row, split: str, samples: int) -> list |
 def _paired_test(rows: list[Row], base: Row, seeds: list, split: str, samples: int) -> None:
     """significance for rows that share these seeds with the base row."""
 
-    def texts(row: Row, kind: str) -> list[str]:
+    def texts(row: Row, kind: str) -> list[str] | None:
+        """None where a run dir lacks them (e.g. only its results.json was copied back)."""
         by_seed = {r.config.get("seed"): r for r in row.runs}
-        return [line for s in seeds for line in lines(by_seed[s], kind, split)]
+        try:
+            return [line for s in seeds for line in lines(by_seed[s], kind, split)]
+        except OSError:
+            return None
 
     refs, base_hyps = texts(base, "refs"), texts(base, "hyps")
+    if refs is None or base_hyps is None:
+        for row in rows:
+            row.p_reason = NO_TEXTS.format(split=split, whose="the base row's")
+        return
     paired = []
     for row in rows:
-        hyps = texts(row, "hyps")
-        row.p_reason = unpaired(texts(row, "refs"), hyps, refs, base_hyps)
+        hyps, row_refs = texts(row, "hyps"), texts(row, "refs")
+        if hyps is None or row_refs is None:
+            row.p_reason = NO_TEXTS.format(split=split, whose="its")
+            continue
+        row.p_reason = unpaired(row_refs, hyps, refs, base_hyps)
         if row.p_reason is None:
             paired.append((row, hyps))
     for (row, _), p in zip(paired, bootstrap(base_hyps, refs, [h for _, h in paired], samples)):

@@ -510,3 +510,62 @@ def test_settings_are_labelled_as_overrides_write_them():
     assert [as_written(v) for v in (None, True, False, 8, 0.5, "mha", ["enc-self", "dec-enc"],
                                     [])] == ["null", "true", "false", "8", "0.5", "mha",
                                              "[enc-self,dec-enc]", "[]"]
+
+
+def test_rows_whose_run_dirs_lack_translations_get_no_p_and_say_why(tmp_path):
+    """Run dirs holding only results.json (copied back from a cluster): the bootstrap read
+    hyps.test.txt and stopped with a traceback; now such a row, or every row where the base's
+    are gone, has no p and says why."""
+    from heads_lab.commands.report_seeds import p_text, significance
+
+    refs = [f"the {w} dog runs over the green grass" for w in ("small", "big", "old", "tall")] * 3
+    base = _scored(tmp_path, "base", 8, [r.replace("grass", "field") for r in refs], refs)
+    kept = _scored(tmp_path, "kept", 1, refs, refs)
+    bare = _run(1, heads=4)
+    bare.dir = tmp_path / "bare"
+    bare.dir.mkdir()
+    rows, _ = group([base, kept, bare])
+    by_heads = {row.runs[0].config["model.heads"]: row for row in rows}
+    significance(rows, by_heads[8], "test", 100)
+    assert by_heads[1].p_value is not None
+    assert p_text(by_heads[4]) == ("– (no test translations (hyps.test.txt, refs.test.txt) in "
+                                   "its run dir)")
+    (base.dir / "refs.test.txt").unlink()
+    for row in rows:
+        row.p_value = row.p_reason = None
+    significance(rows, by_heads[8], "test", 100)
+    assert [p_text(by_heads[h]) for h in (1, 4)] == [
+        "– (no test translations (hyps.test.txt, refs.test.txt) in the base row's run dir)"] * 2
+
+
+def test_a_results_json_report_cannot_read_is_passed_over_and_named(tmp_path):
+    """A results.json that is not a heads-lab results file (a list, no config, a metric that is
+    not a number) is listed as unreadable, not a traceback; where no run is left, the error names
+    the first one passed over."""
+    import json
+
+    import pytest
+
+    from heads_lab.commands.report_rows import collect
+    from heads_lab.errors import DataError
+
+    good = {"status": "complete", "config": {"seed": 1, "model": {"heads": 8}},
+            "metrics": {"test/bleu": 30.0, "valid/ppl": None}}
+    cases = {"list": [], "no_config": {"status": "complete"},
+             "text_metric": {**good, "metrics": {"test/bleu": "30"}}}
+    for name, content in cases.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps(content))
+    with pytest.raises(DataError, match=r"^no finished runs \(results.json\) under .* \(3 run "
+                                        r"dir\(s\) passed over, the first .*list: incomplete\); "
+                                        "point heads-lab report"):
+        collect([tmp_path])
+    (tmp_path / "good").mkdir()
+    (tmp_path / "good" / "results.json").write_text(json.dumps(good))
+    runs, problems = collect([tmp_path])
+    assert [r.dir.name for r in runs] == ["good"]
+    assert sorted((Path(d).name, why) for d, why in problems) == [
+        ("list", "incomplete"),
+        ("no_config", "unreadable results.json: it has no config or metrics (not written by "
+                      "heads-lab train)"),
+        ("text_metric", "unreadable results.json: metrics ['test/bleu'] are not numbers")]
