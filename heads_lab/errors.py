@@ -81,6 +81,16 @@ def one_line(err: BaseException) -> str:
         return (f"unknown config option '{options.group(1)}'"
                 f"{_did_you_mean(wrong, choices, plus + group + '=')}; choose "
                 f"{plus}{group}= one of: {', '.join(choices)}")
+    append = re.match(r"Could not append to config\. An item is already at '([^']+)'", first)
+    if append:
+        return (f"{first.rstrip('.')}: drop the leading + ({append.group(1)}=VALUE sets it; "
+                f"++{append.group(1)}=VALUE sets it whether or not it is there)")
+    if re.match(r"Interpolation key '[^']+' not found", first):
+        return (f"{first}: a ${{...}} in a value names another config key; name one that "
+                "exists (`heads-lab train --cfg job` lists them), or write the text as \\${...}")
+    if re.match(r"Error parsing override '", first):
+        return (f"{first}: write key=value (a sweep: key=a,b,c with -m; a list: key=[a,b]); "
+                "quote a value that holds spaces, commas or brackets")
     merge = re.match(r"Error merging override (\S+)", first)
     if merge:
         return f"bad value in override {merge.group(1)}: {cause}; fix the value's type or spelling"

@@ -46,11 +46,15 @@ class Command:
     def parse(self, args: list[str]) -> tuple[Path, list[list[str]]] | int:
         """(run dir, the overrides of each job), or the exit code of a help request. A setting
         outside `allowed` is a ConfigError naming it, what may change and the usage."""
+        multirun = any(a in ("-m", "--multirun") for a in args)
+        args = [a for a in args if a not in ("-m", "--multirun")]  # -m before the dir too
         if not args or args[0] in ("-h", "--help"):
             print(f"usage: {self.usage}\n\n{self.doc}")
             return 0 if args else 2
-        multirun = any(a in ("-m", "--multirun") for a in args[1:])
-        rest = [a for a in args[1:] if a not in ("-m", "--multirun")]
+        if multirun and not self.sweeps:
+            raise ConfigError(f"heads-lab {self.name} runs no sweeps: drop -m, and run it once "
+                              "per value")
+        rest = args[1:]
         rest = [f"{self.allowed[0]}{a}" if a.startswith(self.shorthands) else a for a in rest]
         bad = [o for o in rest if not o.lstrip("+").startswith(self.allowed + COMMON)]
         if bad:
@@ -59,8 +63,10 @@ class Command:
             raise ConfigError(f"{bad[0]!r} cannot change here: heads-lab {self.name} changes "
                               f"{self.scope} settings only; allowed: {shown} (usage: {self.usage})")
         jobs = expand_sweeps(rest) if self.sweeps and multirun else [rest]
-        if self.sweeps and len(jobs) == 1 and len(expand_sweeps(rest)) > 1:
-            raise ConfigError("comma-separated values sweep: add -m")
+        if len(jobs) == 1 and len(expand_sweeps(rest)) > 1:
+            raise ConfigError("comma-separated values sweep: add -m" if self.sweeps else
+                              f"heads-lab {self.name} takes one value per setting (it runs no "
+                              "sweeps): run it once per value")
         return Path(args[0]), jobs
 
 
@@ -79,14 +85,33 @@ def compose_run(run_dir: Path, overrides: list[str]):
     """(composed config, validated run config) of a train run dir: its saved overrides
     (.hydra/overrides.yaml) followed by `overrides`."""
     if not run_dir.is_dir():
-        raise CheckpointError(f"no run dir {run_dir}; give the dir of a heads-lab train run")
+        raise CheckpointError(f"{run_dir} is a file, not a run dir; give the dir of a heads-lab "
+                              "train run (the one holding .hydra/)" if run_dir.exists() else
+                              f"no run dir {run_dir}; give the dir of a heads-lab train run")
     saved = run_dir / ".hydra" / "overrides.yaml"
     if not saved.is_file():
         raise CheckpointError(f"{run_dir} is not a heads-lab run dir (no .hydra/overrides.yaml)")
-    cfg = compose(list(yaml.safe_load(saved.read_text()) or []) + overrides)
+    cfg = compose(_saved_overrides(saved) + overrides)
     run = to_object(cfg)
     validate(run)
     return cfg, run
+
+
+def _saved_overrides(saved: Path) -> list[str]:
+    """The overrides a run was trained with (a YAML list of strings, as Hydra writes them)."""
+    try:
+        items = yaml.safe_load(saved.read_text(encoding="utf-8")) or []
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        problem = str(err).splitlines()[0]
+        items = None
+    else:
+        problem = ("an item is not a key=value string" if isinstance(items, list) else
+                   f"it holds a {type(items).__name__}")
+    if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
+        raise CheckpointError(f"{saved} is not a list of overrides ({problem}): it is what "
+                              "rebuilds the run's config; restore it (Hydra writes one "
+                              "'- key=value' line per override), or train the run again")
+    return items
 
 
 @dataclass
@@ -167,18 +192,21 @@ def load(run_dir: Path, overrides: list[str], average_last: int | None = 1,
             break
         try:
             state = checkpoint.load(path)
-            trained = trained or checkpoint.trained_in(state)  # the newest recording one's
-            states.append(state["model"])
-            used.append(path.name if path.name != "best.pt" else
-                        f"best.pt (step {state.get('progress', {}).get('step', '?')})")
-            del state  # its optimizer moments are not needed: not held through prepare()
         except CheckpointError as err:
             log.warning("skipping %s", err)
             failed.append(path.name)
+            continue
+        _check_same_model(state.get("config") or {}, cfg, path)
+        trained = trained or checkpoint.trained_in(state)  # the newest recording one's
+        states.append(state["model"])
+        used.append(path.name if path.name != "best.pt" else
+                    f"best.pt (step {state.get('progress', {}).get('step', '?')})")
+        del state  # its optimizer moments are not needed: not held through prepare()
     if not states:
         raise CheckpointError(
             f"{checkpoint.checkpoint_dir(run_dir)} holds no valid checkpoint ({', '.join(failed)} "
-            "failed their checks); delete that dir to start the run afresh, or use another run dir")
+            "failed their checks), so this run has no weights to read back: use another run "
+            "dir, or train this one again")
     if len(states) < average_last:
         raise CheckpointError(
             f"eval.average_last={average_last} but {run_dir} has only {len(states)} valid "
@@ -195,6 +223,24 @@ def load(run_dir: Path, overrides: list[str], average_last: int | None = 1,
     model.load_state_dict(average(states))
     log.info("loaded %s", ", ".join(used))
     return Trained(run, to_dict(cfg), model.to(device).eval(), corpus, device, used)
+
+
+def _check_same_model(saved: dict[str, Any], cfg, path: Path) -> None:
+    """The model a checkpoint was written by is the one its run dir's .hydra/overrides.yaml
+    rebuilds: a changed file (by hand, or by a refused resume before heads-lab kept it) would
+    otherwise load the weights into another model wherever the shapes allow (model.heads under
+    mha changes no shape) and give that model's numbers. A setting the checkpoint lacks was added
+    since it was written, and is passed over."""
+    from heads_lab.output.tracking import flatten  # lazy: start-up time (rich)
+
+    old, new = flatten(saved.get("model") or {}), flatten(to_dict(cfg).get("model") or {})
+    for key in sorted(set(old) & set(new)):
+        if old[key] != new[key]:
+            raise CheckpointError(
+                f"{path} was written by a model with model.{key}={old[key]!r}, but "
+                f"{path.parents[1] / '.hydra' / 'overrides.yaml'} now rebuilds model.{key}="
+                f"{new[key]!r}: that file changed after training; restore model.{key}="
+                f"{old[key]} there")
 
 
 def _corpus(run, run_dir: Path):

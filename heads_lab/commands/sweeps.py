@@ -17,6 +17,7 @@ from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf.errors import OmegaConfBaseException
 
+from heads_lab.commands import kept_config
 from heads_lab.commands.overrides import check_parses, dir_override
 from heads_lab.commands.sweep_end import FAILED_JOBS, record_failure, record_stopped
 from heads_lab.commands.sweep_signals import (
@@ -242,6 +243,7 @@ def user_errors(hydra_cfg):
             raise
         if hydra_cfg.mode != RunMode.MULTIRUN:
             print(f"error: {err}", file=sys.stderr)
+            kept_config.restore(Path(hydra_cfg.runtime.output_dir))  # an earlier run's
             discard_unstarted(Path(hydra_cfg.runtime.output_dir))
             raise SystemExit(2) from None
         job = job_label(list(hydra_cfg.overrides.task), hydra_cfg.job.num)

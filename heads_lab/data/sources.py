@@ -264,6 +264,10 @@ def _load_hf(cfg: HFDataConfig):
         local = Path(cfg.dataset).expanduser()
         if local.is_dir():
             return datasets.load_from_disk(str(local))
+        if cfg.dataset.startswith(("/", "./", "../", "~")) or local.exists():  # a path, not a name
+            raise DataError(f"data.dataset={cfg.dataset} is not a dir: give a dataset saved with "
+                            "save_to_disk, a hub name (owner/name), or data.dataset=json / "
+                            "parquet / csv with data.files")
         if not os.environ.get("HF_HUB_OFFLINE") and not _hub_reachable():
             raise DataError(f"the Hugging Face hub is unreachable, so {cfg.dataset} cannot be "
                             "downloaded; use a local copy (save_to_disk dir, or json/parquet "

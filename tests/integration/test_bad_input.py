@@ -4,6 +4,7 @@ no traceback, leaves an earlier finished run's files untouched and no run dir of
 from __future__ import annotations
 
 import hashlib
+import shutil
 from pathlib import Path
 
 import pytest
@@ -20,8 +21,21 @@ def _local(root: Path) -> list[str]:
     return ["data=local", f"data.root={root}", "data.src=de", "data.tgt=en", "data.vocab_size=60"]
 
 
-def _setup(case: str, where: Path) -> list[str]:
-    """Files a case needs; returns extra arguments."""
+def _setup(case: str, where: Path, earlier: Path) -> list[str]:
+    """Files a case needs (in `where`; `earlier`: the finished run, copied, never changed);
+    returns extra arguments."""
+    if case == "a-file":
+        (where / "a-file").write_text("not a run dir")
+        return []
+    if case == "broken-overrides":
+        (where / "run" / ".hydra").mkdir(parents=True)
+        (where / "run" / ".hydra" / "overrides.yaml").write_text("model.heads: [\n")
+        return []
+    if case == "changed-overrides":  # the finished run, its overrides.yaml edited afterwards
+        shutil.copytree(earlier, where / "run")
+        with open(where / "run" / ".hydra" / "overrides.yaml", "a") as f:
+            f.write("- model.heads=2\n")
+        return []
     if case == "mismatch":
         root = _corpus(where / "c")
         _write(root / "train.en", ["x"] * 299)
@@ -110,7 +124,37 @@ CASES = [
      ["experiment/tabel_a", "did you mean +experiment=table_a?"]),
     ("mixes-on-mha", None, ["train", "model.mixes=weights"],
      ["model.mixes=weights needs model.attention=talking_heads", "model.mixes=null"]),
+    ("append-a-set-key", None, ["train", "+model.heads=8"],
+     ["An item is already at 'model.heads'", "drop the leading +"]),
+    ("unknown-interpolation", None, ["train", "model.heads=${oops}"],
+     ["Interpolation key 'oops' not found", "name one that exists"]),
+    ("override-syntax", None, ["train", "model.heads=1,,8"],
+     ["cannot read the override 'model.heads=1,,8'", "quote a value"]),
+    ("info-override-syntax", None, ["info", "model.heads=1,,8"],
+     ["Error parsing override 'model.heads=1,,8'", "write key=value"]),
+    # values torch or numpy refused mid-run with a traceback (the run dir left behind)
+    ("seed-negative", None, ["train", "seed=-1"], ["seed=-1 must be in [0, 2^32)"]),
+    ("adam-betas", None, ["train", "trainer.adam_betas=[1.5,0.9]"],
+     ["trainer.adam_betas=[1.5, 0.9] must both be in [0, 1)"]),
+    ("weight-decay", None, ["train", "trainer.weight_decay=-1"],
+     ["trainer.weight_decay=-1.0 must be >= 0"]),
+    ("output-length", None, ["train", "eval.max_len_b=0"], ["eval.max_len_b=0", "b >= 1"]),
+    ("prune-lr", None, ["prune", "RUN", "method=gates", "prune.lr=-1"], ["prune.lr=-1.0", "> 0"]),
+    # a run dir given wrongly, or its config file broken or changed after training
+    ("eval-a-file", "a-file", ["eval", "./a-file"], ["a-file is a file, not a run dir"]),
+    ("eval-sweep", None, ["eval", "RUN", "eval.beam=1,2"],
+     ["heads-lab eval takes one value per setting (it runs no sweeps)"]),
+    ("eval-multirun", None, ["eval", "-m", "RUN", "eval.beam=2"],
+     ["heads-lab eval runs no sweeps: drop -m"]),
+    ("eval-broken-overrides", "broken-overrides", ["eval", "./run"],
+     [".hydra/overrides.yaml is not a list of overrides", "restore it"]),
+    ("eval-changed-overrides", "changed-overrides", ["eval", "./run"],
+     ["was written by a model with model.heads=4", "now rebuilds model.heads=2",
+      "restore model.heads=4 there"]),
 ]
+if not __import__("torch").cuda.is_available():
+    CASES.append(("cuda-missing", None, ["train", "trainer.device=cuda"],
+                  ["trainer.device=cuda: no CUDA device here", "use trainer.device=cpu"]))
 
 
 @pytest.fixture(scope="module")
@@ -136,13 +180,15 @@ def test_the_table_has_at_least_25_cases():
 def test_bad_input_is_one_line_exit_2_and_loses_nothing(earlier_run, tmp_path, name, setup, args,
                                                         fragments):
     cwd, run_dir, before = earlier_run
-    extra = _setup(setup, tmp_path) if setup else []
+    extra = _setup(setup, tmp_path, run_dir) if setup else []
     command, rest = args[0], args[1:]
+    # "." and "./NAME": this case's dir and a file or dir in it; RUN: the earlier run
+    rest = [str(tmp_path) if a == "." else str(tmp_path / a[2:]) if a.startswith("./") else
+            str(run_dir) if a == "RUN" else a for a in rest]
     if command == "train":
         proc = heads_lab("train", *FAST, *extra, *rest, cwd=cwd)
     else:
-        target = [str(tmp_path)] if rest[:1] == ["."] else rest[:1]
-        proc = heads_lab(command, *target, *rest[1:], cwd=cwd)
+        proc = heads_lab(command, *rest, cwd=cwd)
     _assert_one_line_error(proc, *fragments)
     assert _fingerprint(run_dir) == before  # the earlier run: every file as it was
     # no run dir left behind for `report` to list as "not started" (a config refused before Hydra
@@ -176,3 +222,20 @@ def test_a_run_whose_data_is_gone_says_it_is_read_back_with_that_data(tmp_path):
         proc = heads_lab(command, str(run), cwd=tmp_path)
         _assert_one_line_error(proc, f"{run} is read back with the data it trained on (data=local",
                                "train file is missing", str(root))
+
+
+def test_a_refused_resume_keeps_the_earlier_runs_config(earlier_run, tmp_path):
+    """Training into an unfinished run's dir with another model is refused; Hydra had already
+    written the refused settings into the dir's .hydra/, so eval read the earlier run as the
+    refused one (a 4-head checkpoint loads into a 2-head model: the shapes agree). The earlier
+    files are put back, byte for byte."""
+    cwd, run_dir, _ = earlier_run
+    unfinished = tmp_path / "unfinished"
+    shutil.copytree(run_dir, unfinished)
+    (unfinished / "results.json").unlink()
+    before = _fingerprint(unfinished / ".hydra")
+    proc = heads_lab("train", *TINY, "trainer.max_steps=4", "model.heads=2",
+                     f"hydra.run.dir={unfinished}", cwd=cwd)
+    _assert_one_line_error(proc, "was written by a run with model.heads=4, not 2")
+    assert _fingerprint(unfinished / ".hydra") == before
+    assert (unfinished / "checkpoints").is_dir()  # and nothing of the run was removed

@@ -72,6 +72,11 @@ def test_hf_bad_input(tmp_path):
         prepare(_hf(), tmp_path / "cache")
     with pytest.raises(ConfigError, match="needs data.files"):
         prepare(_hf(dataset="json"), tmp_path / "cache")
+    # a path that is not a dir: said so, not "the hub is unreachable" (it named no hub dataset)
+    for path in (str(tmp_path / "nonexistent"), str(tmp_path / "ds" / "dataset_dict.json")):
+        with pytest.raises(DataError, match=f"^data.dataset={path} is not a dir: give a dataset "
+                                            "saved with save_to_disk"):
+            prepare(_hf(dataset=path), tmp_path / "cache")
 
 
 def test_hub_unreachable_is_one_clear_error(tmp_path, monkeypatch):
