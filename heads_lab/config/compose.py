@@ -24,6 +24,7 @@ from hydra import initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
 
 from heads_lab.config.schemas import (
     AttentionKind,
@@ -129,7 +130,13 @@ def to_object(cfg: DictConfig) -> RunConfig:
     if extra:
         raise ConfigError(f"unknown config key '{extra[0]}': it is not in the schema, so nothing "
                           "would read it; check the spelling against `heads-lab train --cfg job`")
-    return OmegaConf.to_object(cfg)  # type: ignore[return-value]
+    try:
+        return OmegaConf.to_object(cfg)  # type: ignore[return-value]
+    except MissingMandatoryValue as err:  # e.g. a group removed with ~model
+        key = getattr(err, "full_key", "") or "a setting"
+        raise ConfigError(f"{key} has no value: a run needs it (a group removed with ~{key} "
+                          f"needs another: {key}=<option>, `heads-lab train --help` lists them)"
+                          ) from None
 
 
 def unknown_keys(cfg: DictConfig, prefix: str = "") -> list[str]:

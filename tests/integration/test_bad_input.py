@@ -130,6 +130,7 @@ CASES = [
      ["Interpolation key 'oops' not found", "name one that exists"]),
     ("override-syntax", None, ["train", "model.heads=1,,8"],
      ["cannot read the override 'model.heads=1,,8'", "quote a value"]),
+    ("group-removed", None, ["train", "~model"], ["model has no value", "model=<option>"]),
     ("info-override-syntax", None, ["info", "model.heads=1,,8"],
      ["Error parsing override 'model.heads=1,,8'", "write key=value"]),
     # values torch or numpy refused mid-run with a traceback (the run dir left behind)
