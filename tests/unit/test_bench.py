@@ -132,6 +132,7 @@ def test_bench_command_runs_and_writes_its_targets(tmp_path, monkeypatch):
     from heads_lab.bench import main
 
     monkeypatch.setattr("heads_lab.bench.suite.matmul_ceiling", lambda dtype, device: 100.0)
+    monkeypatch.setattr("heads_lab.bench.suite.native_bf16", lambda: True)  # any CPU: tiny dims
     out = tmp_path / "bench.json"
     assert main(["--quick", "--steps", "1", "--warmup", "0", "--json", str(out), "--device", "cpu",
                  "--batch", "4", "--length", "6", "model.d_model=32", "model.d_ff=64",
@@ -142,6 +143,23 @@ def test_bench_command_runs_and_writes_its_targets(tmp_path, monkeypatch):
     mha = next(r for r in result["rows"] if r["name"] == "mha h=8")
     assert mha["cache_identical"] is True and mha["greedy_uncached"] > 0
     assert len(result["targets"]) >= 8
+
+
+def test_a_cpu_without_native_bf16_gets_no_bf16_rows_and_its_bf16_targets_say_why():
+    """bench --quick on an AVX2 CPU ran its emulated bf16 rows for over ten minutes without a
+    line; they are left out there, and the two bf16 targets are n/a, saying why."""
+    from heads_lab.bench.suite import MHA8, targets, variants
+
+    model = ModelConfig(d_model=32, heads=4, d_ff=64, encoder_layers=1, decoder_layers=1)
+    with_bf16 = {v.name for v in variants(model, quick=True)}
+    without = {v.name for v in variants(model, quick=True, bf16=False)}
+    assert {"mha h=8 bf16", "talking_heads h=8 bf16"} <= with_bf16
+    assert without == with_bf16 - {"mha h=8 bf16", "talking_heads h=8 bf16"}
+    row = {"tokens_per_s": 100.0, "mfu": 0.5, "losses": [9.0, 8.0]}
+    out = targets({MHA8: row, "torch.nn.Transformer h=8": row}, None, decode=False)
+    assert [t for t in out if t[0].startswith("bf16")] == [
+        ("bf16 ≥ 1.4× fp32 (h=8)", "n/a (no native bf16 on this CPU)", None),
+        ("bf16 loss curve within 2 % of fp32", "n/a (no native bf16 on this CPU)", None)]
 
 
 def test_bench_rejects_other_overrides():
