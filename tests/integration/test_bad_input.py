@@ -240,3 +240,19 @@ def test_a_refused_resume_keeps_the_earlier_runs_config(earlier_run, tmp_path):
     _assert_one_line_error(proc, "was written by a run with model.heads=4, not 2")
     assert _fingerprint(unfinished / ".hydra") == before
     assert (unfinished / "checkpoints").is_dir()  # and nothing of the run was removed
+
+
+def test_a_sacrebleu_test_set_it_cannot_fetch_stops_the_run_before_it_trains(tmp_path):
+    """eval.sacrebleu_test offline and not yet downloaded: the run trained to the end and only
+    then failed, with no results.json; now it stops before the first step, in one line, and
+    leaves no run dir."""
+    root = _corpus(tmp_path / "c")
+    offline = {"SACREBLEU": str(tmp_path / "sacrebleu"), "https_proxy": "http://127.0.0.1:9",
+               "http_proxy": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9"}
+    proc = heads_lab("train", *FAST, *_local(root), "eval.sacrebleu_test=wmt14", cwd=tmp_path,
+                     env=offline)
+    _assert_one_line_error(proc, "sacrebleu could not fetch test set wmt14 (de-en)",
+                           "eval.sacrebleu_test=null")
+    assert "step 2/2" not in proc.stdout + proc.stderr
+    assert not list(tmp_path.rglob("step_*.pt")) and not list(tmp_path.rglob("results.json"))
+    assert not list((tmp_path / "outputs" / "runs").glob("*/*"))
