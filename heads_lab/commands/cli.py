@@ -53,7 +53,7 @@ commands:
            e.g. heads-lab report outputs/multiruns/2026-11-22/14-05-40
   analyze  what each head of a trained run does: confidence, positional / syntactic / rare-word
            heads, importance, distances between heads; analysis.json, PNGs, an HTML head view
-           e.g. heads-lab analyze outputs/runs/2026-11-22/14-03-12 analysis.heatmaps=[enc:0:*]
+           e.g. heads-lab analyze outputs/runs/2026-11-22/14-03-12 'analysis.heatmaps=[enc:0:*]'
   prune    remove heads: method=importance (Michel et al., iterative, BLEU/PPL curve) or
            method=gates (Voita et al., Hard Concrete gates with an L0 penalty; -m over λ)
            e.g. heads-lab prune outputs/runs/2026-11-22/14-03-12 method=gates prune.l0_lambda=0.05
@@ -106,6 +106,10 @@ def _reporting_user_errors(run: Callable[[], int]) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of stdout left (`heads-lab info --json | head`)
+        # Python's own advice: point stdout at devnull, so that its flush at exit raises nothing
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell reports a command its pipe's reader left
 
 
 def _run_hydra(task: Callable, command: str, overrides: list[str]) -> int:
