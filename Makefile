@@ -12,6 +12,7 @@ STAMP := $(VENV)/.heads-lab-installed
 DEV_STAMP := $(VENV)/.heads-lab-dev-installed
 ARGS ?=
 PYTEST_JOBS ?= 2
+TESTS ?= tests
 
 .PHONY: install install-dev demo test test-slow lint bench clean clean-outputs
 
@@ -34,14 +35,15 @@ demo: install  ## train on the embedded synthetic language pair and print PPL / 
 	$(BIN)/heads-lab train $(ARGS)
 
 test: install-dev  ## unit + integration tests, without the slow ones; the CUDA tests' logic on CPU
-	@# PYTEST_JOBS processes (pytest-xdist); a module's tests stay on one (they share its fixtures)
-	$(BIN)/python -m pytest -q -n $(PYTEST_JOBS) --dist loadscope -m "not slow" tests $(ARGS)
+	@# PYTEST_JOBS processes (pytest-xdist); a module's tests stay on one (they share its fixtures);
+	@# TESTS narrows the run (make test TESTS=tests/unit), ARGS adds pytest options (ARGS=-x)
+	$(BIN)/python -m pytest -q -n $(PYTEST_JOBS) --dist loadscope -m "not slow" $(TESTS) $(ARGS)
 	@# tests/cuda skip without a GPU; on the CPU (CPU against CPU, ~20 s) they still catch a
 	@# test that no longer matches the code (a renamed function went unseen until a GPU ran them)
 	HEADS_LAB_CUDA_TESTS_ON=cpu $(BIN)/python -m pytest -q -p no:cacheprovider -m "cuda and not slow" tests/cuda
 
 test-slow: install-dev  ## the long end-to-end tests (stop signals, resumes, two nodes), one at a time
-	$(BIN)/python -m pytest -q -m slow tests $(ARGS)
+	$(BIN)/python -m pytest -q -m slow $(TESTS) $(ARGS)
 	@# the CUDA tests that compile (captured step) on the CPU, as make test runs the others
 	HEADS_LAB_CUDA_TESTS_ON=cpu $(BIN)/python -m pytest -q -p no:cacheprovider -m "cuda and slow" tests/cuda
 

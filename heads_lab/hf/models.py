@@ -215,7 +215,7 @@ def _where(name: str) -> str:
         except Exception:  # noqa: BLE001 (not cached: say what to do, in one line)
             raise DataError(f"hf:{name}: the Hugging Face hub is unreachable (offline) and the "
                             "model is not in its cache; download it where there is a network "
-                            f"(`huggingface-cli download {name}`, or save_pretrained) and give "
+                            f"(`hf download {name} --local-dir DIR`, or save_pretrained) and give "
                             "hf:<that dir>") from None
     return name
 
