@@ -61,6 +61,8 @@ def unread_train_settings(overrides: list[str], run) -> list[str]:
         if t.patience and validations is not None and validations <= t.patience else None,
         **{key: "data=synthetic is generated clean (only data.cleaning.max_ratio applies)"
            if run.data.name == "synthetic" else None for key in SYNTHETIC_CLEAN},
+        "data.max_train_pairs": "data=synthetic generates data.train_size training pairs: set "
+        "that instead" if run.data.name == "synthetic" else None,
     }
     warnings = []
     for item in overrides:

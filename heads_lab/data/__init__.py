@@ -53,15 +53,12 @@ def train_subset(split: Split, fraction: float) -> tuple[Split, np.ndarray]:
 def prepare(cfg: DataConfig, cache_root: Path) -> Corpus:
     """The encoded corpus of `cfg`: real sources through the streamed, cached pipeline
     (heads_lab.data.corpus); the synthetic pair is generated and encoded in memory (it is small
-    and fast, and its annotations are needed too). data.max_train_pairs keeps the first N
-    training pairs of either. Training pairs failing the subword filters are dropped; every
-    split's counts are in `stats`."""
+    and fast, and its annotations are needed too). Training pairs failing the subword filters
+    are dropped; every split's counts are in `stats`."""
     if not isinstance(cfg, SyntheticDataConfig):
         tokenizer, splits, stats = load_or_build(cfg, cache_root)
         return Corpus(tokenizer, splits, {**stats, "vocab_size": len(tokenizer)})
     pairs = generate(cfg)
-    if cfg.max_train_pairs is not None:  # as for real data: the first N training pairs
-        pairs["train"] = pairs["train"][:cfg.max_train_pairs]
     train_text = [p.src_text for p in pairs["train"]] + [p.tgt_text for p in pairs["train"]]
     tokenizer, cached = train_or_load(train_text, cfg.vocab_size, cfg.tokenizer, cache_root)
     log.info("tokenizer %s (%d pieces, %s)", tokenizer.path.name, len(tokenizer),

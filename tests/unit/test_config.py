@@ -203,7 +203,8 @@ def test_training_settings_another_setting_turns_off_are_named():
     from heads_lab.config.unread import unread_train_settings
 
     args = ["model.talking_heads_in=[enc-self]", "trainer.position_bias_lr=0.1",
-            "trainer.patience=2", "data.cleaning.dedup=true", "data.cleaning.max_ratio=2"]
+            "trainer.patience=2", "data.cleaning.dedup=true", "data.cleaning.max_ratio=2",
+            "data.max_train_pairs=3"]
     run = to_object(compose(["trainer.max_steps=300", "trainer.valid_every=100",
                              *args]))
     assert unread_train_settings(args, run) == [
@@ -212,7 +213,9 @@ def test_training_settings_another_setting_turns_off_are_named():
         "trainer.position_bias_lr=0.1 has no effect on this training: model.relative_positions=0 "
         "gives no position biases",
         "data.cleaning.dedup=true has no effect on this training: data=synthetic is generated "
-        "clean (only data.cleaning.max_ratio applies)"]
+        "clean (only data.cleaning.max_ratio applies)",
+        "data.max_train_pairs=3 has no effect on this training: data=synthetic generates "
+        "data.train_size training pairs: set that instead"]
     acting = to_object(compose(["model.attention=talking_heads", "model.relative_positions=4",
                                 "trainer.max_steps=300", "trainer.valid_every=100",
                                 "trainer.patience=2", "data=tatoeba"]))

@@ -207,18 +207,3 @@ def test_homographs_share_a_noun_stem_and_keep_their_own_translation():
                 assert lemma.tgt.lower() in p.tgt[tgt_of[i]].lower(), (p.src, p.tgt)
                 seen[p.labels[i] in ("root", "advcl", "ccomp")] += 1
     assert seen[True] > 30 and seen[False] > 30  # the same form as a verb and as a noun
-
-
-def test_max_train_pairs_keeps_the_first_training_pairs_as_for_real_data(corpus, tmp_path):
-    """data.max_train_pairs on the synthetic pair: the first N training pairs (it was ignored:
-    20,000 read and kept with data.max_train_pairs=3); valid and test stay whole."""
-    from dataclasses import replace
-
-    from heads_lab.data import prepare
-
-    small = prepare(replace(CFG, max_train_pairs=40, vocab_size=200), tmp_path)
-    assert small.stats["train"]["read"] == 40
-    first = [p.src_text for p in corpus["train"][:40]]
-    assert set(small.splits["train"].src_text) <= set(first)
-    assert len(small.splits["train"].src_text) == small.stats["train"]["kept"] > 30
-    assert small.stats["valid"]["read"] == CFG.valid_size
