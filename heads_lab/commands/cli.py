@@ -73,6 +73,15 @@ command does and takes; `heads-lab --version` the version.
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # the reader of stdout left (`heads-lab info --json | head`)
+        # Python's own advice: point stdout at devnull, so that its flush at exit raises nothing
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell reports a command its pipe's reader left
+
+
+def _main(argv: list[str] | None) -> int:
     # Token-budget batches give a new tensor shape nearly every step; oneDNN's default cache of
     # 1024 compiled kernels then holds GBs that are rarely reused (bf16: 3.2 vs 2.4 GB after 90
     # Multi30k steps, no slower). Set before torch loads; the user's own setting wins.
@@ -106,10 +115,6 @@ def _reporting_user_errors(run: Callable[[], int]) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # the reader of stdout left (`heads-lab info --json | head`)
-        # Python's own advice: point stdout at devnull, so that its flush at exit raises nothing
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141  # 128 + SIGPIPE, as a shell reports a command its pipe's reader left
 
 
 def _run_hydra(task: Callable, command: str, overrides: list[str]) -> int:

@@ -79,9 +79,11 @@ def collect(dirs: list[Path]) -> tuple[list[Run], list[tuple[str, str]]]:
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             problems.append((str(run_dir), f"unreadable results.json: {err}"))
             continue
-        if not isinstance(results, dict) or results.get("status") != "complete":
-            status = results.get("status") if isinstance(results, dict) else None
-            problems.append((str(run_dir), str(status or "incomplete")))
+        if not isinstance(results, dict):
+            problems.append((str(run_dir), "unreadable results.json: not a JSON object"))
+            continue
+        if results.get("status") != "complete":
+            problems.append((str(run_dir), str(results.get("status") or "incomplete")))
             continue
         problem = _not_results(results)
         if problem:

@@ -65,8 +65,9 @@ class Command:
         jobs = expand_sweeps(rest) if self.sweeps and multirun else [rest]
         if len(jobs) == 1 and len(expand_sweeps(rest)) > 1:
             raise ConfigError("comma-separated values sweep: add -m" if self.sweeps else
-                              f"heads-lab {self.name} takes one value per setting (it runs no "
-                              "sweeps): run it once per value")
+                              f"heads-lab {self.name} runs no sweeps, so a value with commas "
+                              "goes in quotes (a head list: \"eval.head_mask='enc:0:3,enc:1:2'\");"
+                              " to compare values, run it once per value")
         return Path(args[0]), jobs
 
 
@@ -225,22 +226,29 @@ def load(run_dir: Path, overrides: list[str], average_last: int | None = 1,
     return Trained(run, to_dict(cfg), model.to(device).eval(), corpus, device, used)
 
 
+# model settings that shape training only, not what the trained weights compute
+TRAINING_ONLY = {"dropout", "attention_dropout", "mix_init"}
+
+
 def _check_same_model(saved: dict[str, Any], cfg, path: Path) -> None:
     """The model a checkpoint was written by is the one its run dir's .hydra/overrides.yaml
     rebuilds: a changed file (by hand, or by a refused resume before heads-lab kept it) would
     otherwise load the weights into another model wherever the shapes allow (model.heads under
     mha changes no shape) and give that model's numbers. A setting the checkpoint lacks was added
-    since it was written, and is passed over."""
+    since it was written, and is passed over, as are those that act in training only
+    (TRAINING_ONLY: dropout, a mix's start)."""
+    from heads_lab.commands.report_rows import as_written  # lazy: only here
     from heads_lab.output.tracking import flatten  # lazy: start-up time (rich)
 
     old, new = flatten(saved.get("model") or {}), flatten(to_dict(cfg).get("model") or {})
-    for key in sorted(set(old) & set(new)):
+    for key in sorted(set(old) & set(new) - TRAINING_ONLY):
         if old[key] != new[key]:
             raise CheckpointError(
-                f"{path} was written by a model with model.{key}={old[key]!r}, but "
+                f"{path} was written by a model with model.{key}={as_written(old[key])}, but "
                 f"{path.parents[1] / '.hydra' / 'overrides.yaml'} now rebuilds model.{key}="
-                f"{new[key]!r}: that file changed after training; restore model.{key}="
-                f"{old[key]} there")
+                f"{as_written(new[key])}: that file (or a preset it names) changed after "
+                f"training; set model.{key}={as_written(old[key])} there (a last line "
+                f"'- model.{key}={as_written(old[key])}' overrides the rest)")
 
 
 def _corpus(run, run_dir: Path):

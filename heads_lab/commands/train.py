@@ -227,9 +227,9 @@ def _evaluation(run: RunConfig, split, scores) -> dict[str, Any]:
 def _data(run: RunConfig, run_dir: Path, main_rank: bool):
     """The run's corpus (its tokenizer copied into the run dir), every sentence within the
     model's positions, its counts logged."""
-    corpus = prepare(run.data, cache_dir(run.paths))
     if run.eval.sacrebleu_test:  # offline and not downloaded: said now, not after training
         testsets.fetch(run.eval.sacrebleu_test, run.data.src, run.data.tgt)
+    corpus = prepare(run.data, cache_dir(run.paths))
     if main_rank:
         shutil.copyfile(corpus.tokenizer.path, run_dir / "tokenizer.model")
     if run.data.train_fraction < 1:

@@ -134,9 +134,9 @@ def to_object(cfg: DictConfig) -> RunConfig:
         return OmegaConf.to_object(cfg)  # type: ignore[return-value]
     except MissingMandatoryValue as err:  # e.g. a group removed with ~model
         key = getattr(err, "full_key", "") or "a setting"
-        raise ConfigError(f"{key} has no value: a run needs it (a group removed with ~{key} "
-                          f"needs another: {key}=<option>, `heads-lab train --help` lists them)"
-                          ) from None
+        fix = (f"a group removed with ~{key} needs another: {key}=<option> (`heads-lab train "
+               "--help` lists them)" if (config_dir() / key).is_dir() else f"set {key}=VALUE")
+        raise ConfigError(f"{key} has no value, and a run needs one: {fix}") from None
 
 
 def unknown_keys(cfg: DictConfig, prefix: str = "") -> list[str]:

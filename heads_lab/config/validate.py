@@ -98,7 +98,7 @@ def _check_optimiser(run) -> None:
     """The seed, Adam's settings, the other learning rates and info's lengths: values torch or
     numpy would refuse only mid-run, with a traceback, or take and do nonsense with."""
     t, pr = run.trainer, run.prune
-    _check(0 <= run.seed < 2**32, f"seed={run.seed} must be in [0, 2^32) (numpy's seed range)")
+    _check(run.seed >= 0, f"seed={run.seed} must be >= 0 (numpy takes no negative seed)")
     _check(all(0.0 <= b < 1.0 for b in t.adam_betas),
            f"trainer.adam_betas={list(t.adam_betas)} must both be in [0, 1), e.g. [0.9,0.98]")
     _check(t.adam_eps > 0, f"trainer.adam_eps={t.adam_eps} must be > 0 (e.g. 1e-9)")
@@ -195,9 +195,9 @@ def _check_eval(e, d, m) -> None:
     _check(e.beam >= 1, f"eval.beam={e.beam} must be >= 1 (1 = greedy)")
     _check(e.lenpen >= 0, f"eval.lenpen={e.lenpen} must be >= 0")
     _check(e.max_sentences >= 1, f"eval.max_sentences={e.max_sentences} must be >= 1")
-    _check(e.max_len_a >= 0 and e.max_len_b >= 1, f"eval.max_len_a={e.max_len_a} and "
+    _check(e.max_len_a >= 0 and e.max_len_b >= 0, f"eval.max_len_a={e.max_len_a} and "
            f"eval.max_len_b={e.max_len_b}: an output may be a · source length + b tokens long, "
-           "so a must be >= 0 and b >= 1 (e.g. 1.5 and 10)")
+           "so neither may be negative (e.g. 1.5 and 10)")
     if e.sacrebleu_test is not None:
         _check(e.split == "test", "eval.sacrebleu_test replaces the test split: set eval.split=test")
         check_sacrebleu_test(e.sacrebleu_test, d.src, d.tgt)

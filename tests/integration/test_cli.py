@@ -795,12 +795,13 @@ def test_eval_errors_name_the_cause_and_leave_no_eval_dir(tmp_path):
 def test_output_to_a_pipe_whose_reader_left_ends_without_a_traceback(tmp_path):
     """`heads-lab info --json | head` ended in a BrokenPipeError traceback when head exited
     before heads-lab wrote; now it exits 141 (128 + SIGPIPE) silently, as other tools do."""
-    read, write = os.pipe()
-    os.close(read)  # the reader is gone before heads-lab writes
-    try:
-        proc = subprocess.run([EXE, "info", "model.heads=1,8", "--json"], cwd=tmp_path,
-                              stdout=write, stderr=subprocess.PIPE, text=True, timeout=120)
-    finally:
-        os.close(write)
-    assert proc.returncode == 141, proc.stderr
-    assert proc.stderr == ""
+    for args in (["info", "model.heads=1,8", "--json"], ["--help"]):
+        read, write = os.pipe()
+        os.close(read)  # the reader is gone before heads-lab writes
+        try:
+            proc = subprocess.run([EXE, *args], cwd=tmp_path, stdout=write,
+                                  stderr=subprocess.PIPE, text=True, timeout=120)
+        finally:
+            os.close(write)
+        assert proc.returncode == 141, proc.stderr
+        assert proc.stderr == ""

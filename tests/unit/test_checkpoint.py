@@ -426,3 +426,24 @@ def test_checkpoint_averaging_is_the_float64_mean_cast_back():
     assert torch.equal(out["b"], torch.from_numpy(b).bfloat16())
     assert torch.equal(out["step"], states[0]["step"])
     assert average(states[:1]) is states[0]
+
+
+def test_a_read_back_model_is_checked_against_the_checkpoints_own_record(tmp_path):
+    """eval, analyze and prune rebuild a run's model from .hydra/overrides.yaml; a model
+    setting that differs from the checkpoint's record is refused, written as an override writes
+    it (null, not None); settings that act in training only (dropout, a mix's start, which a
+    preset may change later) and settings the checkpoint predates pass."""
+    from heads_lab.commands.runs import _check_same_model
+    from tests.conftest import compose
+
+    cfg = compose(["model.attention=talking_heads", "model.mix_init=normal",
+                   "model.dropout=0.3"])
+    path = tmp_path / "run" / "checkpoints" / "step_0000004.pt"
+    saved = {"model": {"attention": "talking_heads", "heads": 4, "mix_init": "identity",
+                       "dropout": 0.1, "heads_k": None}}
+    _check_same_model(saved, cfg, path)  # passes: training-only settings, heads_v not recorded
+    saved["model"]["heads_k"] = 2
+    with pytest.raises(CheckpointError, match=r"model.heads_k=2, but .*run/.hydra/overrides.yaml "
+                                              r"now rebuilds model.heads_k=null: .*set "
+                                              r"model.heads_k=2 there"):
+        _check_same_model(saved, cfg, path)

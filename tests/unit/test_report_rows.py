@@ -557,7 +557,8 @@ def test_a_results_json_report_cannot_read_is_passed_over_and_named(tmp_path):
         (tmp_path / name).mkdir()
         (tmp_path / name / "results.json").write_text(json.dumps(content))
     with pytest.raises(DataError, match=r"^no finished runs \(results.json\) under .* \(3 run "
-                                        r"dir\(s\) passed over, the first .*list: incomplete\); "
+                                        r"dir\(s\) passed over, the first .*list: unreadable "
+                                        r"results.json: not a JSON object\); "
                                         "point heads-lab report"):
         collect([tmp_path])
     (tmp_path / "good").mkdir()
@@ -565,7 +566,7 @@ def test_a_results_json_report_cannot_read_is_passed_over_and_named(tmp_path):
     runs, problems = collect([tmp_path])
     assert [r.dir.name for r in runs] == ["good"]
     assert sorted((Path(d).name, why) for d, why in problems) == [
-        ("list", "incomplete"),
+        ("list", "unreadable results.json: not a JSON object"),
         ("no_config", "unreadable results.json: it has no config or metrics (not written by "
                       "heads-lab train)"),
         ("text_metric", "unreadable results.json: metrics ['test/bleu'] are not numbers")]
