@@ -75,7 +75,8 @@ USAGE = "heads-lab report <dir> [<dir> ...] [--out DIR] [--samples N] [--wandb [
 def main(args: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="heads-lab report", usage=USAGE, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("dirs", nargs="+", help="multirun dirs, run dirs, or dirs holding them")
+    parser.add_argument("dirs", nargs="+", help="multirun dirs, run dirs, dirs holding them, or "
+                                                "runs.csv files a report wrote (a study in parts)")
     parser.add_argument("--out", help="where to write report.md/.csv, runs.csv and the PNGs (default: "
                                           "first dir)")
     parser.add_argument("--samples", type=int, default=1000, help="bootstrap resamples")
@@ -95,13 +96,20 @@ def main(args: list[str]) -> int:
                           "resample (1000 by default)")
     runs, problems = collect([Path(d) for d in opts.dirs])
     out = Path(opts.out or opts.dirs[0])
+    inputs = [Path(d).resolve() for d in opts.dirs if Path(d).is_file()]  # runs.csv files
+    if not opts.out and inputs and Path(opts.dirs[0]).is_file():
+        raise ConfigError(f"the first argument {opts.dirs[0]} is a runs.csv: say where the report "
+                          "goes with --out DIR")
+    if (out / "runs.csv").resolve() in inputs:
+        raise ConfigError(f"--out {out} holds {out / 'runs.csv'}, which this report reads: it "
+                          "would be overwritten; write the report to another dir")
     ensure_writable(out, "--out" if opts.out else "the first dir")  # before the bootstrap
     rows, varying = group(runs)
     split = runs[0].results["decoding"]["split"]
     # on stderr: stdout keeps the table alone; markup off, as the other consoles (paths print whole)
     status = Console(stderr=True, soft_wrap=True, markup=False)
-    status.print(f"report: {len(runs)} runs in {len(rows)} rows; paired bootstrap of BLEU against "
-                 f"the base row ({opts.samples} resamples) ...")
+    status.print(f"report: {len(runs)} runs in {len(rows)} rows; p of BLEU against "
+                 f"the base row ({opts.samples} sentence draws) ...")
     started = time.monotonic()
     tables = []  # one per data set, each with its own base row: p pairs one test set only
     seed_p: dict[Path, str] = {}  # each run's p against the base row's run of its seed

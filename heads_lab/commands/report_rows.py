@@ -17,6 +17,7 @@ from heads_lab.config.schemas import ModelConfig
 from heads_lab.config.variants import VARIANTS, shape_keys
 from heads_lab.errors import DataError
 from heads_lab.output.tracking import flatten, short_key
+from heads_lab.report import runs_csv
 
 # Vaswani et al. 2017, Table 3 row (A): WMT14 en-de newstest2013, dev PPL (per wordpiece) / BLEU.
 PAPER = {"table_a": {"key": "model.heads", "label": "Vaswani et al. 2017 Table 3 (A), WMT14 "
@@ -46,22 +47,35 @@ class Row:
     runs: list[Run] = field(default_factory=list)
     p_value: float | None = None
     p_reason: str | None = None  # why a row has no p, or p = 1 (significance)
-    p_seeds: list | None = None  # its p's seeds where not its comparison's (significance)
+    p_seeds: list | None = None  # the seeds a one-seed bootstrap paired (significance)
+    p_test: str | None = None  # which test gave p (report_seeds.significance)
 
 
 def collect(dirs: list[Path]) -> tuple[list[Run], list[tuple[str, str]]]:
     """Complete runs, and (dir, status) of runs that failed or have no results."""
     runs, problems = [], []
     for d in dirs:
-        if not d.is_dir():
-            raise DataError(f"no dir {d}; give multirun or run dirs (e.g. outputs/multiruns/...)")
+        if not d.is_dir() and not (d.is_file() and d.suffix == ".csv"):
+            raise DataError(f"no dir {d}; give multirun or run dirs (e.g. outputs/multiruns/...) "
+                            "or a report's runs.csv")
     run_dirs: list[Path] = []  # dir by dir, in the order given: the first dir's preset rules
+    from_csv: dict[Path, dict] = {}  # runs read from runs.csv files, by their run dir
     for d in dirs:
+        if d.is_file():
+            for record in runs_csv.read(d):
+                if record["dir"] not in from_csv and record["dir"] not in run_dirs:
+                    from_csv[record["dir"]] = record
+                    run_dirs.append(record["dir"])
+            continue
         here = ({p.parent.parent for p in d.rglob(".hydra/config.yaml")} |
                 {p.parent for p in d.rglob("results.json")})
         run_dirs += [r for r in sorted(here) if r not in run_dirs]
     found = set(run_dirs)
     for run_dir in run_dirs:
+        if run_dir in from_csv and not (run_dir / "results.json").is_file():
+            record = from_csv[run_dir]  # (where the run dir is still here, its own files rule)
+            runs.append(Run(run_dir, record["config"], record["metrics"], record["results"]))
+            continue
         if any(a in found for a in run_dir.parents):  # e.g. a gates run under <run>/prune/
             problems.append((str(run_dir), "derived from the run it is under (heads-lab prune), "
                                            "not a run of this sweep: report its dir on its own"))

@@ -1,43 +1,112 @@
-"""The report's seeds: each row's paired bootstrap against the base row on the seeds the two
-share (the p column and the note's words on it), and each run's own p against the base row's
-run of its seed, with its numbers before they are pooled (runs.csv). Torch-free."""
+"""The report's seeds: each row's p against the base row — Welch's t over seeds with the test
+set's variance where both have two or more seeds (heads_lab/report/significance.py), else
+sacrebleu's paired bootstrap on the seed they share — with the note's words on it, and each
+run's own p against the base row's run of its seed, with its numbers before they are pooled
+(runs.csv). Torch-free."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest
 
 from heads_lab.commands.report_rows import Comparison, Row, Run, as_written, train_pairs
 from heads_lab.output.tracking import short_key
+from heads_lab.report import runs_csv
+from heads_lab.report import significance as sig
 
 NO_SHARED_SEED = "no seed of the base row"  # a row's p_reason: no p (significance)
 NO_TEXTS = "no {split} translations (hyps.{split}.txt, refs.{split}.txt) in {whose} run dir"
 SECOND_RUN = "another run of its seed in its row is the one paired"  # a run's: seed_p_values
+ONE_SEED = "one seed"  # a row's p_test: sacrebleu's paired bootstrap on the seed(s) it shares
 
 
 def significance(rows: list[Row], base: Row, split: str, samples: int) -> list | None:
-    """Paired bootstrap (sacrebleu) of each row's BLEU against the base row, on the hypotheses
-    of the seeds the row shares with the base row, concatenated in seed order: a row with other
-    or fewer seeds than the others is still tested, on the seeds it shares with the base row
-    (its p cell names them), and the others keep all of theirs. (sacrebleu seeds each system's
-    resampling alike, so a row's p does not depend on which other rows are tested beside it.)
-    A row is paired with the base only on the very same references (its refs files' lines, seed
-    by seed, equal to the base's): a row on another test set has no p (p_reason "other test
-    set"), whatever its line count. A row whose hypotheses are the base's has none either ("same
-    hypotheses"), and a row whose BLEU equals the base's gets p = 1 ("equal BLEU"): sacrebleu's
-    bootstrap compares resampled differences with `>`, so a difference of exactly zero
-    everywhere reads p = 1/(n + 1), "significant". A row sharing no seed with the base has no p
-    (NO_SHARED_SEED). Returns the comparison's seeds, the most any row was paired on (None: no
-    test)."""
-    base_seeds = {r.config.get("seed") for r in base.runs}
-    by_seeds: dict[tuple, list[Row]] = {}
+    """Each row's p against the base row. Where the row and the base each have two or more
+    seeds: Welch's t-test of their mean BLEU over seeds, with the test set's sampling variance
+    from `samples` paired draws of the test sentences where every run's translations are at
+    hand ("seeds and sentences"), over the seeds alone where not ("seeds only"; the row's
+    p_test says which). Else (one seed on a side: its seed spread unknown) sacrebleu's paired
+    bootstrap on the hypotheses of the seeds the row shares with the base, concatenated in
+    seed order (p_test ONE_SEED; a row sharing none has no p: NO_SHARED_SEED). A row is paired
+    with the base only on the very same references: a row on another test set has no p ("other
+    test set"), and a row whose hypotheses are the base's has none either ("same hypotheses").
+    Returns the seeds the bootstrap paired most rows on (None: no bootstrap)."""
+    base_runs = one_per_seed(base)
+    draws: dict[Path, np.ndarray | None] = {}  # each run's BLEU on the shared sentence draws
+    single = []
     for row in rows:
         if row is base:
             continue
+        mine = one_per_seed(row)
+        if len(mine) >= 2 and len(base_runs) >= 2:
+            _seed_test(row, mine, base_runs, split, samples, draws)
+        else:
+            single.append(row)
+    return _bootstrap_rows(single, base, split, samples)
+
+
+def one_per_seed(row: Row) -> list[Run]:
+    """A row's runs, one per seed (a seed run twice: its last run), in seed order."""
+    by_seed = {r.config.get("seed"): r for r in row.runs}
+    return [by_seed[s] for s in sorted(by_seed, key=_order_seed)]
+
+
+def _seed_test(row: Row, mine: list[Run], base: list[Run], split: str, samples: int,
+               draws: dict[Path, np.ndarray | None]) -> None:
+    """significance for a row and a base with two or more seeds each."""
+    key = f"{split}/bleu"
+    if any(not isinstance(r.metrics.get(key), (int, float)) for r in (*mine, *base)):
+        row.p_reason = f"a run without {key}"
+        return
+    texts = {r.dir: _texts(r, split) for r in (*mine, *base)}
+    complete = all(t is not None for t in texts.values())  # else: over the seeds alone
+    if complete:
+        if {tuple(texts[r.dir][1]) for r in mine} != {tuple(texts[r.dir][1]) for r in base}:
+            row.p_reason = "other test set"
+            return
+        if [texts[r.dir][0] for r in mine] == [texts[r.dir][0] for r in base]:
+            row.p_reason = "same hypotheses"
+            return
+    test_refs = {tuple(t[1]) for t in texts.values() if t is not None}
+    on_sentences = complete and len(test_refs) == 1
+    if on_sentences:
+        counts = sig.sentence_draws(len(next(iter(test_refs))), samples)
+        for r in (*mine, *base):
+            if r.dir not in draws:
+                hyps, refs = texts[r.dir]
+                draws[r.dir] = sig.resampled(sig.bleu_statistics(hyps, [refs], _tokenize(r)),
+                                             counts, sig.bleu_rows)
+    result = sig.seed_test([r.metrics[key] for r in mine], [r.metrics[key] for r in base],
+                           [draws[r.dir] for r in mine] if on_sentences else None,
+                           [draws[r.dir] for r in base] if on_sentences else None)
+    row.p_value, row.p_test = result.p, result.test
+
+
+def _texts(run: Run, split: str) -> tuple[list[str], list[str]] | None:
+    """A run's hypotheses and references of the split, or None where its dir lacks them."""
+    try:
+        return lines(run, "hyps", split), lines(run, "refs", split)
+    except OSError:
+        return None
+
+
+def _tokenize(run: Run) -> str | None:
+    """The BLEU tokenizer the run was scored with (eval.bleu_tokenize; None: sacrebleu's)."""
+    return run.config.get("eval.bleu_tokenize") or None
+
+
+def _bootstrap_rows(rows: list[Row], base: Row, split: str, samples: int) -> list | None:
+    """significance's bootstrap on the seed(s) each row shares with the base row, named in its
+    p cell."""
+    base_seeds = {r.config.get("seed") for r in base.runs}
+    by_seeds: dict[tuple, list[Row]] = {}
+    for row in rows:
         shared = tuple(sorted(base_seeds & {r.config.get("seed") for r in row.runs}))
         if shared:
             by_seeds.setdefault(shared, []).append(row)
@@ -48,13 +117,13 @@ def significance(rows: list[Row], base: Row, split: str, samples: int) -> list |
     most = max(by_seeds, key=lambda seeds: (len(seeds), len(by_seeds[seeds])))
     for seeds, members in by_seeds.items():
         _paired_test(members, base, list(seeds), split, samples)
-        for row in members if seeds != most else []:
-            row.p_seeds = list(seeds)
+        for row in members:
+            row.p_test, row.p_seeds = ONE_SEED, list(seeds)
     return list(most)
 
 
 def _paired_test(rows: list[Row], base: Row, seeds: list, split: str, samples: int) -> None:
-    """significance for rows that share these seeds with the base row."""
+    """The paired bootstrap for rows that share these seeds with the base row."""
 
     def texts(row: Row, kind: str) -> list[str] | None:
         """None where a run dir lacks them (e.g. only its results.json was copied back)."""
@@ -140,57 +209,64 @@ def seed_p_values(c: Comparison, split: str, samples: int) -> dict[Path, str]:
         for run in row.runs:
             out.setdefault(run.dir, f"– ({NO_SHARED_SEED})" if run.config.get("seed")
                            not in base_by_seed else f"– ({SECOND_RUN})")
+            recorded = run.results.get("seed_p")  # a run read from a runs.csv: its own p there
+            if recorded and out[run.dir].startswith(f"– (no {split} translations"):
+                out[run.dir] = recorded
     return out
 
 
 def p_text(row: Row) -> str:
-    """The p column: the p-value, '-' where untested (the base row), or why there is none; and
-    its seeds where they are not the other rows'."""
-    seeds = (f"seed{'s' if len(row.p_seeds) > 1 else ''} {', '.join(map(str, row.p_seeds))}"
-             if row.p_seeds else None)
-    why = "; ".join(x for x in (row.p_reason, seeds) if x)
+    """The p column: the p-value ('< 0.001' below that), '-' where untested (the base row), or
+    why there is none; marked where its test is not the table's main one: '(seeds only)' where
+    the test set's variance could not be resampled, '(seed 1, sentences only)' where a side has
+    one seed (sacrebleu's paired bootstrap of the seed it shares with the base row)."""
+    marks = [row.p_reason] if row.p_reason else []
+    if row.p_test == sig.SEEDS_ONLY:
+        marks.append(sig.SEEDS_ONLY)
+    if row.p_seeds and row.p_value is not None:
+        marks.append(f"seed{'s' if len(row.p_seeds) > 1 else ''} "
+                     f"{', '.join(map(str, row.p_seeds))}, sentences only")
+    why = "; ".join(marks)
     if row.p_value is None:
         return f"– ({why})" if why else "-"
-    return f"{row.p_value:.4f}" + (f" ({why})" if why else "")
+    return sig.p_text(row.p_value) + (f" ({why})" if why else "")
 
 
 def p_note(tested: list[Comparison], varying: list[str], x: str | None) -> str:
-    """The note's words on p: against which base row, on which seeds (where rows have different
-    seeds, a row's p uses those it shares with the base row, and names them where they are
-    not the comparison's)."""
-    done = [c for c in tested if c.seeds]
-
-    def seeds(c: Comparison) -> str:
-        plural = "s" if len(c.seeds) > 1 else ""
-        unused = any({r.config.get("seed") for r in row.runs} - set(c.seeds)
-                     for row in c.rows if not row.p_seeds and row.p_reason != NO_SHARED_SEED)
-        return (f"seed{plural} {', '.join(map(str, c.seeds))}"
-                + (f", the seed{plural} shared with the base row" if unused else "")
-                + (" (concatenated)" if plural else ""))
-
-    own = ("; a p cell that names seeds is on those alone (all its row shares with the base row)"
-           if any(row.p_seeds for c in done for row in c.rows) else "")
-
-    if x is None:
-        return ("p: sacrebleu paired bootstrap of BLEU vs the base row (seed-matched hypotheses, "
-                "on the base row's references only)" + (f", on {seeds(done[0])}" if done else "")
-                + own)
-    name = short_key(x)
-    base = next(c.base for c in tested if c.base is not None)
-    like = ",".join(f"{short_key(k)}={as_written(base.runs[0].config.get(k))}"
-                    for k in varying if k != x)
-    text = (f"p: sacrebleu paired bootstrap of BLEU vs the base row of the same {name} ({like} "
-            f"at each {name}; seed-matched hypotheses, on the base row's references only)")
-    if not done:
-        return text
-    if len({seeds(c) for c in done}) == 1:  # the same seeds at every x: named once
-        return text + f", on {seeds(done[0])}" + own
-    return text + ", on " + "; ".join(f"{name}={c.x_value}: {seeds(c)}" for c in done) + own
+    """The note's words on p: which test, against which base row (with report.x, the base at
+    the row's own x), and what a marked cell means."""
+    rows = [row for c in tested for row in c.rows if row.p_value is not None]
+    kinds = {row.p_test for row in rows}
+    against = "vs the base row"
+    if x is not None:
+        name = short_key(x)
+        base = next(c.base for c in tested if c.base is not None)
+        like = ",".join(f"{short_key(k)}={as_written(base.runs[0].config.get(k))}"
+                        for k in varying if k != x)
+        against = f"vs the base row of the same {name} ({like} at each {name})"
+    parts = []
+    if kinds & {sig.SEEDS_AND_SENTENCES, sig.SEEDS_ONLY}:
+        parts.append(f"p: Welch's t-test of mean BLEU over seeds {against}, its variance the "
+                     "seeds' spread plus the test set's (a paired bootstrap of the test "
+                     "sentences); seed-aware, docs/analysis.md")
+        if sig.SEEDS_ONLY in kinds:
+            parts.append("(seeds only): the translations are not at hand, so the test set's "
+                         "variance is left out")
+    if ONE_SEED in kinds:
+        lead = "a p marked 'sentences only'" if parts else "p"
+        parts.append(f"{lead}: sacrebleu paired bootstrap of BLEU {against} on the seed it "
+                     "shares with the base row (seed-matched hypotheses, on the base row's "
+                     "references only), where a side has one seed: the seed spread is unknown, "
+                     "so it tests the sentences alone")
+    if not parts:
+        return f"p: {against}, where both have two or more seeds (Welch's t over seeds)"
+    return "; ".join(parts)
 
 
 RUN_COLUMNS = ("setting", "seed", "run", "valid PPL", "{split} BLEU", "{split} chrF",
                "p vs base (its seed)", "best step", "steps", "stopped by", "train s", "tok/s",
-               "peak MB", "train pairs", "precision", "device", "cpu", "commit")
+               "peak MB", "train pairs", "params", "precision", "device", "cpu", "commit")
+MULTIREF_COLUMNS = ("multiref {split} BLEU", "multiref {split} chrF")  # where a run has them
 
 
 def runs_table(rows: list[Row], split: str, seed_p: dict[Path, str]) -> dict[str, Any]:
@@ -198,8 +274,12 @@ def runs_table(rows: list[Row], split: str, seed_p: dict[Path, str]) -> dict[str
     before they are pooled (to four decimals: a mean recomputed from them is off by < 0.0001),
     each run's own p against the base row's run of its seed (seed_p_values; where its
     comparison has no base row, the row's reason), how its training ended and what it ran on,
-    so a published study keeps its per-seed numbers once its run dirs are gone."""
-    header = [c.format(split=split) for c in RUN_COLUMNS]
+    its multi-reference scores where it has them, and last its command-line overrides and its
+    whole flattened config as JSON, so a published study keeps its per-seed numbers once its run
+    dirs are gone and `heads-lab report` can read it back (heads_lab/report/runs_csv.py)."""
+    multiref = any(f"{split}/bleu_multiref" in r.metrics for row in rows for r in row.runs)
+    columns = RUN_COLUMNS + (MULTIREF_COLUMNS if multiref else ())
+    header = [c.format(split=split) for c in columns] + [runs_csv.OVERRIDES, runs_csv.CONFIG]
     home = Path.home().resolve()
     body = []
     for row in rows:
@@ -207,8 +287,9 @@ def runs_table(rows: list[Row], split: str, seed_p: dict[Path, str]) -> dict[str
             m, train = run.metrics, run.results.get("train", {})
             env = run.results.get("env") or {}
             seed = run.config.get("seed")
-            body.append([
-                row.label, "" if seed is None else str(seed), _where(run.dir, home),
+            line = [
+                row.label, "" if seed is None else str(seed),
+                run.results.get("run_text") or _where(run.dir, home),
                 _number(m.get("valid/ppl"), 4), _number(m.get(f"{split}/bleu"), 4),
                 _number(m.get(f"{split}/chrf"), 4),
                 seed_p.get(run.dir) or (f"– ({row.p_reason})" if row.p_reason else ""),
@@ -216,8 +297,15 @@ def runs_table(rows: list[Row], split: str, seed_p: dict[Path, str]) -> dict[str
                 str(train.get("stopped_by") or ""),
                 _number(train.get("seconds"), 0), _number(m.get("train/tokens_per_s"), 0),
                 _number(m.get("cost/peak_mem_mb"), 0), _number(train_pairs(run), 0),
+                _number(m.get("cost/params"), 0),
                 str(run.config.get("trainer.precision") or ""), str(run.results.get("device") or ""),
-                str(env.get("cpu") or ""), str((env.get("git") or {}).get("commit") or "")[:12]])
+                str(env.get("cpu") or ""), str((env.get("git") or {}).get("commit") or "")[:12]]
+            if multiref:
+                line += [_number(m.get(f"{split}/bleu_multiref"), 4),
+                         _number(m.get(f"{split}/chrf_multiref"), 4)]
+            line += [json.dumps(run.results.get("overrides") or [], ensure_ascii=False),
+                     json.dumps(run.config, sort_keys=True, ensure_ascii=False, default=str)]
+            body.append(line)
     return {"header": header, "rows": body, "note": ""}
 
 

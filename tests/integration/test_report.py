@@ -13,8 +13,10 @@ import pytest
 from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest
 
+from heads_lab.commands.report_rows import Run
 from tests.conftest import TINY
 from tests.integration.test_cli import _assert_one_line_error, heads_lab
+from tests.unit.test_report_rows import _seed_aware_p
 
 # the preset trains in bf16, which CPUs without native bf16 refuse: fp32 runs on every CPU
 SMALL = [o for o in TINY if not o.startswith(("trainer.max_steps", "trainer.valid_every"))] + [
@@ -51,17 +53,12 @@ def test_report_table_numbers_and_significance(sweep):
         assert row["test BLEU"] == f"{statistics.fmean(bleus):.2f} ± {statistics.stdev(bleus):.2f}"
         assert row["paper BLEU"] == {1: "24.9", 4: "25.5"}[h]  # labelled as the paper's
 
-    def texts(h: int, kind: str) -> list[str]:
-        out = []
-        for seed in (1, 2):
-            (run,) = [r for r in by_h[h] if r["config"]["seed"] == seed]
-            out += (Path(run["run_dir"]) / f"{kind}.test.txt").read_text().splitlines()
-        return out
+    # two seeds a row: Welch's t over the seeds with the test set's variance, written out
+    def as_run(result: dict) -> Run:
+        return Run(Path(result["run_dir"]), {}, result["metrics"], result)
 
-    test = PairedTest([("1", texts(1, "hyps")), ("4", texts(4, "hyps"))], {"BLEU": BLEU()},
-                      [texts(1, "refs")], test_type="bs", n_samples=200)
-    _, scores = test()
-    assert rows[1]["p vs base"] == _expected_p(scores)
+    want = _seed_aware_p([as_run(r) for r in by_h[4]], [as_run(r) for r in by_h[1]], 200)
+    assert rows[1]["p vs base"] == ("< 0.001" if want < 0.001 else f"{want:.4f}")
     assert rows[0]["p vs base"] == "-"
     # runs.csv: each run's own numbers, and its p against the base row's run of its seed alone
     with open(sweep / "runs.csv", newline="") as f:
@@ -93,24 +90,62 @@ def test_report_table_numbers_and_significance(sweep):
             "– (same hypotheses)" if hyps[0] == hyps[1] else _expected_p(scores))
     md = (sweep / "report.md").read_text()
     assert "Vaswani et al. 2017 Table 3 (A)" in md and "| h=4 |" in md
-    assert ("vs the base row (seed-matched hypotheses, on the base row's references only), on "
-            "seeds 1, 2 (concatenated)") in md
+    assert ("p: Welch's t-test of mean BLEU over seeds vs the base row, its variance the seeds' "
+            "spread plus the test set's") in md
     for png in ("report_quality.png", "report_quality_vs_cost.png", "report_valid_curves.png"):
         assert (sweep / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def _expected_p(scores) -> str:
+def _expected_p(scores, mark: str | None = None) -> str:
     """The report's p of the second system: sacrebleu's, except where the BLEU scores are equal
     (a tiny model's hypotheses often score alike), where sacrebleu's bootstrap reads the zero
-    difference as significant and the report says p = 1."""
+    difference as significant and the report says p = 1; with the cell's mark."""
     base, other = scores["BLEU"][0], scores["BLEU"][1]
-    return "1.0000 (equal BLEU)" if base.score == other.score else f"{other.p_value:.4f}"
+    if base.score == other.score:
+        return "1.0000 (equal BLEU" + (f"; {mark})" if mark else ")")
+    p = "< 0.001" if other.p_value < 0.001 else f"{other.p_value:.4f}"
+    return p + (f" ({mark})" if mark else "")
+
+
+def test_a_report_read_back_from_its_runs_csv_is_the_same_table(sweep, tmp_path):
+    """`heads-lab report <runs.csv> --out DIR`: the same table as from the run dirs (their
+    translations still here, so the same p); with the translations gone, p over the seeds alone,
+    marked; the runs.csv is never the report's own output."""
+    first = tmp_path / "first"
+    assert heads_lab("report", str(sweep), "--samples", "200", "--out", str(first),
+                     cwd=tmp_path).returncode == 0
+    again = tmp_path / "again"
+    proc = heads_lab("report", str(first / "runs.csv"), "--samples", "200", "--out", str(again),
+                     cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert (again / "report.csv").read_text() == (first / "report.csv").read_text()
+    assert (again / "runs.csv").read_text() == (first / "runs.csv").read_text()
+    _assert_one_line_error(heads_lab("report", str(first / "runs.csv"), cwd=tmp_path),
+                           "is a runs.csv: say where the report goes with --out DIR")
+    _assert_one_line_error(heads_lab("report", str(first / "runs.csv"), "--out", str(first),
+                                     cwd=tmp_path), "which this report reads: it would be")
+    moved = tmp_path / "moved.csv"  # the run dirs elsewhere: their translations not at hand
+    moved.write_text((first / "runs.csv").read_text().replace(str(sweep), str(tmp_path / "gone")))
+    proc = heads_lab("report", str(moved), "--samples", "200", "--out", str(tmp_path / "csv"),
+                     cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    with open(tmp_path / "csv" / "report.csv", newline="") as f:
+        row = list(csv.DictReader(f))[1]
+    with open(first / "runs.csv", newline="") as f:
+        lines = list(csv.DictReader(f))
+    bleu = {h: [float(x["test BLEU"]) for x in lines if x["setting"] == h] for h in ("h=1", "h=4")}
+    if bleu["h=1"] != bleu["h=4"]:
+        from scipy import stats
+        p = stats.ttest_ind(bleu["h=4"], bleu["h=1"], equal_var=False).pvalue
+        assert row["p vs base"].endswith("(seeds only)")
+        assert row["p vs base"].split(" (")[0] == ("< 0.001" if p < 0.001 else f"{p:.4f}")
 
 
 def test_with_uneven_seeds_p_uses_the_seeds_a_row_shares_with_the_base_and_says_which(sweep,
                                                                                     tmp_path):
-    """h = 1 (the base) with seeds 1, 2, h = 4 with seed 1 only: p is the bootstrap on seed 1's
-    hypotheses alone (not both seeds of h = 1 against one of h = 4), and the note says so."""
+    """h = 1 (the base) with seeds 1, 2, h = 4 with seed 1 only: h = 4's seed spread is unknown,
+    so p is the bootstrap on seed 1's hypotheses alone (not both seeds of h = 1 against one of
+    h = 4), and the cell and the note say so."""
     runs = {(r["config"]["model"]["heads"], r["config"]["seed"]): Path(r["run_dir"])
             for r in (json.loads(p.read_text()) for p in sweep.rglob("results.json"))}
     dirs = [runs[1, 1], runs[1, 2], runs[4, 1]]
@@ -127,9 +162,10 @@ def test_with_uneven_seeds_p_uses_the_seeds_a_row_shares_with_the_base_and_says_
     test = PairedTest([("1", lines(1, "hyps")), ("4", lines(4, "hyps"))], {"BLEU": BLEU()},
                       [lines(1, "refs")], test_type="bs", n_samples=200)
     _, scores = test()
-    assert rows[1]["p vs base"] == _expected_p(scores)
+    assert rows[1]["p vs base"] == _expected_p(scores, "seed 1, sentences only")
     md = (tmp_path / "report.md").read_text()
-    assert "references only), on seed 1, the seed shared with the base row;" in md
+    assert ("p: sacrebleu paired bootstrap of BLEU vs the base row on the seed it shares with the "
+            "base row") in md
 
 
 def test_report_lists_failed_and_unfinished_runs(sweep, tmp_path):

@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "heads_lab"
-WINGS = {"commands", "config", "data", "model", "training", "output", "analysis", "bench", "hf"}
+WINGS = {"commands", "config", "data", "model", "training", "output", "analysis", "bench", "hf",
+         "report"}
 
 
 def modules() -> list[Path]:

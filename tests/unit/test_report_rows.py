@@ -3,7 +3,12 @@ sets the value the None stands for) are one row; shape columns say only what app
 
 from __future__ import annotations
 
+import json
+import statistics
 from pathlib import Path
+
+import pytest
+from scipy import stats
 
 from heads_lab.commands.report import render
 from heads_lab.commands.report_rows import (
@@ -259,12 +264,52 @@ def test_an_older_rectangular_talking_heads_run_is_its_own_row_with_the_start_it
 
 
 def _scored(tmp_path: Path, name: str, heads: int, hyps: list[str], refs: list[str]) -> Run:
+    """A run dir with its translations, its test/bleu sacrebleu's on them (as train writes)."""
+    from sacrebleu.metrics import BLEU
+
     run = _run(1, heads=heads)
     run.dir = tmp_path / name
     run.dir.mkdir()
     (run.dir / "hyps.test.txt").write_text("\n".join(hyps) + "\n", encoding="utf-8")
     (run.dir / "refs.test.txt").write_text("\n".join(refs) + "\n", encoding="utf-8")
+    run.metrics["test/bleu"] = BLEU().corpus_score(hyps, [refs]).score
     return run
+
+
+def _seed_aware_p(mine: list[Run], base: list[Run], samples: int) -> float:
+    """The seed-aware p written out (heads_lab/report/significance.py's docstring): each run's
+    BLEU on each draw of the test sentences by sacrebleu on the drawn lines themselves, the test
+    set's variance less the runs' own noise, Welch's t with its degrees of freedom."""
+    import numpy as np
+    from sacrebleu.metrics import BLEU
+    from scipy import stats
+
+    from heads_lab.report.significance import sentence_draws
+
+    def text(run, kind):
+        return (run.dir / f"{kind}.test.txt").read_text(encoding="utf-8").splitlines()
+
+    refs = text(base[0], "refs")
+    draws = sentence_draws(len(refs), samples)
+
+    def on_draws(run):
+        hyps, out = text(run, "hyps"), []
+        for row in draws:
+            picked = [i for i, c in enumerate(row) for _ in range(int(c))]
+            out.append(BLEU().corpus_score([hyps[i] for i in picked],
+                                           [[refs[i] for i in picked]]).score)
+        return np.array(out)
+
+    a, b = (np.array([r.metrics["test/bleu"] for r in x]) for x in (mine, base))
+    da, db = (np.array([on_draws(r) for r in x]) for x in (mine, base))
+    noise = sum(np.mean(np.var(d - d.mean(0), axis=1, ddof=1)) / (len(d) - 1) for d in (da, db))
+    v_sents = max(np.var(da.mean(0) - db.mean(0), ddof=1) - noise, 0.0)
+    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    if va + vb + v_sents == 0:  # every run scores alike on every draw (a tiny model's BLEU 0)
+        return 1.0 if a.mean() == b.mean() else 0.0
+    df = (va + vb + v_sents) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    t = (a.mean() - b.mean()) / np.sqrt(va + vb + v_sents)
+    return float(2 * stats.t.sf(abs(t), df))
 
 
 def test_p_values_pair_only_the_same_references_and_never_call_no_difference_significant(tmp_path):
@@ -290,64 +335,72 @@ def test_p_values_pair_only_the_same_references_and_never_call_no_difference_sig
     _, scores = PairedTest([("base", base), ("better", better)], {"BLEU": BLEU()}, [refs],
                            test_type="bs", n_samples=200)()
     assert by_heads[1].p_value == scores["BLEU"][1].p_value < 0.05
+    assert p_text(by_heads[1]) == f"{by_heads[1].p_value:.4f} (seed 1, sentences only)"
     assert p_text(by_heads[2]) == "– (same hypotheses)"
     # sacrebleu itself calls a difference of exactly zero significant (p = 1/(n + 1))
     _, scores = PairedTest([("base", base), ("equal", equal)], {"BLEU": BLEU()}, [refs],
                            test_type="bs", n_samples=200)()
     assert scores["BLEU"][1].score == scores["BLEU"][0].score and scores["BLEU"][1].p_value < 0.01
-    assert by_heads[4].p_value == 1.0 and p_text(by_heads[4]) == "1.0000 (equal BLEU)"
+    assert by_heads[4].p_value == 1.0
+    assert p_text(by_heads[4]) == "1.0000 (equal BLEU; seed 1, sentences only)"
     assert by_heads[16].p_value is None and p_text(by_heads[16]) == "– (other test set)"
     assert p_text(by_heads[8]) == "-"  # the base row itself
 
 
-def test_a_row_with_fewer_seeds_is_tested_on_its_own_and_the_others_keep_all_theirs(tmp_path):
+def test_rows_with_two_seeds_get_the_seed_aware_p_and_a_row_with_one_the_bootstrap(tmp_path):
     """A study still in progress: the base and h = 1 on seeds 1, 2, h = 32 on seed 1 only. h = 1
-    is paired on both seeds (sacrebleu on the two seeds' lines concatenated), h = 32 on seed 1
-    (sacrebleu on seed 1's lines), its p cell names its seed, and the note says why."""
+    gets Welch's t over its seeds with the test set's variance (the formula written out:
+    _seed_aware_p), h = 32 sacrebleu's paired bootstrap on seed 1 (its seed spread unknown), its
+    cell says so, and the note names both tests."""
     from sacrebleu.metrics import BLEU
     from sacrebleu.significance import PairedTest
 
     from heads_lab.commands.report_rows import comparisons
     from heads_lab.commands.report_seeds import p_note, p_text, significance
 
-    refs = {s: [f"the {w} dog number {s} runs over the green grass" for w in
-                ("small", "big", "old", "young", "brown", "black", "white", "tall")] * 4
-            for s in (1, 2)}
-    base = {s: [r.replace("grass", "field") for r in refs[s]] for s in (1, 2)}
-    one = {1: refs[1][:3] + base[1][3:],  # better in seed 1, worse in seed 2: p differs
-           2: [r.replace("dog", "cat") for r in base[2][:2]] + base[2][2:]}
-    many = {1: base[1][:16] + [r.replace("dog", "cat") for r in base[1][16:]]}
+    refs = [f"the {w} dog runs over the green grass today" for w in
+            ("small", "big", "old", "young", "brown", "black", "white", "tall")] * 12
+    base = {1: [r.replace("grass", "field") for r in refs],
+            2: [r.replace("grass", "lawn") for r in refs[:88]] + refs[88:]}
+    one = {1: refs[:48] + base[1][48:], 2: refs[:44] + base[2][44:]}  # better in both seeds
+    many = {1: base[1][:48] + [r.replace("dog", "cat") for r in base[1][48:]]}
     runs = []
     for heads, hyps in ((8, base), (1, one), (32, many)):
         for seed in hyps:
-            run = _scored(tmp_path, f"h{heads}s{seed}", heads, hyps[seed], refs[seed])
+            run = _scored(tmp_path, f"h{heads}s{seed}", heads, hyps[seed], refs)
             run.config["seed"] = seed
             runs.append(run)
-    alone = _scored(tmp_path, "h16s3", 16, one[1], refs[1])
-    alone.config["seed"] = 3  # no seed of the base row's: no p
+    alone = _scored(tmp_path, "h16s3", 16, one[1], refs)
+    alone.config["seed"] = 3  # one seed, none of the base row's: no p
     runs.append(alone)
     rows, varying = group(runs)
     by_heads = {row.runs[0].config["model.heads"]: row for row in rows}
-    assert significance(rows, by_heads[8], "test", 200) == [1, 2]
+    assert significance(rows, by_heads[8], "test", 200) == [1]
     assert by_heads[16].p_value is None
     assert p_text(by_heads[16]) == "– (no seed of the base row)"
-
-    def sacrebleu_p(hyps: dict, seeds: list[int]) -> float:
-        lines = [x for s in seeds for x in hyps[s]]
-        _, scores = PairedTest([("base", [x for s in seeds for x in base[s]]), ("row", lines)],
-                               {"BLEU": BLEU()}, [[x for s in seeds for x in refs[s]]],
-                               test_type="bs", n_samples=200)()
-        return scores["BLEU"][1].p_value
-
-    assert by_heads[1].p_value == sacrebleu_p(one, [1, 2]) != sacrebleu_p(one, [1])
-    assert by_heads[32].p_value == sacrebleu_p(many, [1])
-    assert p_text(by_heads[1]) == f"{by_heads[1].p_value:.4f}"
-    assert p_text(by_heads[32]) == f"{by_heads[32].p_value:.4f} (seed 1)"
+    want = _seed_aware_p(by_heads[1].runs, by_heads[8].runs, 200)
+    assert by_heads[1].p_value == pytest.approx(want, rel=1e-9) and want < 0.001
+    assert p_text(by_heads[1]) == "< 0.001"
+    _, scores = PairedTest([("base", base[1]), ("row", many[1])], {"BLEU": BLEU()}, [refs],
+                           test_type="bs", n_samples=200)()
+    assert by_heads[32].p_value == scores["BLEU"][1].p_value
+    assert p_text(by_heads[32]) == f"{by_heads[32].p_value:.4f} (seed 1, sentences only)"
     x, tested = comparisons(rows, runs)
-    tested[0].seeds = significance(rows, by_heads[8], "test", 200)
-    assert p_note(tested, varying, x).endswith(
-        "on seeds 1, 2 (concatenated); a p cell that names seeds is on those alone (all its row "
-        "shares with the base row)")
+    note = p_note(tested, varying, x)
+    assert note.startswith("p: Welch's t-test of mean BLEU over seeds vs the base row, its "
+                           "variance the seeds' spread plus the test set's")
+    assert ("a p marked 'sentences only': sacrebleu paired bootstrap of BLEU vs the base row on "
+            "the seed it shares with the base row") in note
+    # without the translations (results.json copied back alone): Welch's t over the seeds
+    for run in by_heads[1].runs:
+        (run.dir / "hyps.test.txt").unlink()
+    by_heads[1].p_value = None
+    significance(rows, by_heads[8], "test", 200)
+    welch = stats.ttest_ind([r.metrics["test/bleu"] for r in by_heads[1].runs],
+                            [r.metrics["test/bleu"] for r in by_heads[8].runs], equal_var=False)
+    assert by_heads[1].p_value == pytest.approx(welch.pvalue, rel=1e-9)
+    assert p_text(by_heads[1]) == f"{welch.pvalue:.4f} (seeds only)"
+    assert "(seeds only): the translations are not at hand" in p_note(tested, varying, x)
 
 
 def test_each_run_has_its_own_p_against_the_base_run_of_its_seed(tmp_path):
@@ -428,8 +481,10 @@ def test_a_study_over_data_sizes_tests_each_row_against_the_base_at_its_own_size
             run.config["report.base.data.train_fraction"] = 1.0
             run.dir = tmp_path / f"f{fraction}_h{heads}_s{seed}"
             run.dir.mkdir()
+            text = text if seed == 1 else [text[0].replace("dog", "cat"), *text[1:]]
             (run.dir / "hyps.test.txt").write_text("\n".join(text) + "\n", encoding="utf-8")
             (run.dir / "refs.test.txt").write_text("\n".join(refs) + "\n", encoding="utf-8")
+            run.metrics["test/bleu"] = BLEU().corpus_score(text, [refs]).score
             runs.append(run)
     rows, varying = group(runs)
     x, tested = comparisons(rows, runs)
@@ -441,9 +496,9 @@ def test_a_study_over_data_sizes_tests_each_row_against_the_base_at_its_own_size
             c.seeds = significance(c.rows, c.base, "test", 200)
     by = {(r.runs[0].config["data.train_fraction"], r.runs[0].config["model.heads"]): r
           for r in rows}
-    _, scores = PairedTest([("h8", worse + worse), ("h1", good + good)], {"BLEU": BLEU()},
-                           [refs + refs], test_type="bs", n_samples=200)()
-    assert by[0.1, 1].p_value == scores["BLEU"][1].p_value  # against h = 8 at 10 %, seeds 1, 2
+    # against h = 8 at 10 %, seeds 1, 2: the seed-aware p
+    assert by[0.1, 1].p_value == pytest.approx(_seed_aware_p(by[0.1, 1].runs, by[0.1, 8].runs,
+                                                             200), rel=1e-9)
     _, scores = PairedTest([("h8", refs), ("h1", good)], {"BLEU": BLEU()}, [refs],
                            test_type="bs", n_samples=200)()
     assert by[1.0, 1].p_value == scores["BLEU"][1].p_value  # against h = 8 at 100 %, seed 1
@@ -453,15 +508,11 @@ def test_a_study_over_data_sizes_tests_each_row_against_the_base_at_its_own_size
         "train_fraction=0.1,h=8 (base)", "train_fraction=1.0,h=8 (base)"]
     assert ("vs the base row of the same train_fraction (h=8 at each train_fraction" in
             table["note"])
-    assert ("on train_fraction=0.1: seeds 1, 2 (concatenated); train_fraction=1.0: seed 1"
-            in table["note"])
-
-    # the same seeds at every size: named once
-    done = [c for c in tested if c.seeds]
-    done[1].seeds = [1, 2]
-    done[1].rows[0].runs.append(done[0].rows[0].runs[1])  # (a seed-2 run: only its seed counts)
-    done[1].rows[1].runs.append(done[0].rows[1].runs[1])
-    assert render(rows, tested, varying, "test", None, x)["note"].count("seeds 1, 2") == 1
+    assert table["note"].startswith("mean ± std over the runs (seeds) of a row; p: Welch's "
+                                    "t-test of mean BLEU over seeds vs the base row of the same "
+                                    "train_fraction (h=8 at each train_fraction)")
+    assert "sentences only" in table["note"]  # h = 1 at 100 %: seed 1 alone
+    assert p_text(by[1.0, 1]) == f"{by[1.0, 1].p_value:.4f} (seed 1, sentences only)"
     # the 10 % runs alone: h = 8 at 10 % is their base, not the first row
     ten = [r for r in runs if r.config["data.train_fraction"] == 0.1]
     rows, _ = group(ten)
@@ -501,6 +552,71 @@ def test_runs_csv_lines_are_each_runs_own_numbers_in_seed_order():
     assert (lines[0]["best step"], lines[0]["steps"], lines[0]["stopped by"]) == (
         "1800", "2600", "patience")
     assert lines[0]["cpu"] == "AMD EPYC (AVX2)" and lines[0]["commit"] == "0123456789ab"
+
+
+def test_a_runs_csv_read_back_gives_the_same_table_and_parts_merge(tmp_path):
+    """A study in two parts, each published as a runs.csv: `report` reads both back (and a run
+    dir beside them) into one table whose numbers are the runs' own, and a runs.csv that is not
+    one (no config column, a bad number) is one line naming it."""
+    import csv
+
+    from heads_lab.commands.report_rows import collect
+    from heads_lab.commands.report_seeds import runs_table
+    from heads_lab.errors import DataError
+    from heads_lab.output.tables import write_csv
+
+    runs = [_run(s, heads=h) for h in (1, 8) for s in (1, 2, 3)]
+    for run in runs:
+        h, seed = run.config["model.heads"], run.config["seed"]
+        run.dir = tmp_path / f"gone_h{h}s{seed}"  # dirs that no longer exist
+        run.metrics.update({"valid/ppl": 4.0 + h / 10 + seed / 100, "test/chrf": 55.0 + seed,
+                            "test/bleu": 30.0 + h / 4 + seed / 3, "cost/params": 7578624})
+        run.config.update({"report.base.model.heads": 8, "trainer.precision": "bf16"})
+        run.results = {"train": {"steps": 6000, "stopped_by": "max_steps", "seconds": 300.0,
+                                 "best_step": 5800}, "overrides": [f"model.heads={h}"],
+                       "precision": "bf16", "device": "cuda",
+                       "env": {"cpu": "Xeon", "git": {"commit": "abc"}}}
+    parts = {"seeds12": [r for r in runs if r.config["seed"] < 3],
+             "seed3": [r for r in runs if r.config["seed"] == 3]}
+    for name, part in parts.items():
+        rows, _ = group(part)
+        (tmp_path / name).mkdir()
+        write_csv(tmp_path / name / "runs.csv", runs_table(rows, "test", {}))
+    live = runs[0]  # h = 1, seed 1 still has its run dir: its own results.json rules
+    live.dir.mkdir()
+    (live.dir / "results.json").write_text(json.dumps(
+        {"status": "complete", "config": {"seed": 1, "model": {"heads": 1}},
+         "metrics": {"test/bleu": 99.0}, "decoding": {"split": "test"}}))
+    back, problems = collect([tmp_path / "seeds12" / "runs.csv", tmp_path / "seed3" / "runs.csv"])
+    assert not problems and len(back) == 6
+    by = {(r.config["model.heads"], r.config["seed"]): r for r in back}
+    assert by[1, 1].metrics == {"test/bleu": 99.0}  # the run dir's own file
+    for run in runs[1:]:
+        got = by[run.config["model.heads"], run.config["seed"]]
+        assert got.config == run.config and got.dir == run.dir
+        for key in ("valid/ppl", "test/bleu", "test/chrf", "cost/params"):
+            assert got.metrics[key] == pytest.approx(run.metrics[key], abs=5e-5)
+        assert got.results["train"]["best_step"] == 5800 and got.results["precision"] == "bf16"
+        assert got.results["overrides"] == run.results["overrides"]
+    merged = _table([r for r in back if r is not by[1, 1]])  # (its first row the base)
+    assert [(b[0], b[merged["header"].index("runs")]) for b in merged["rows"]] == [
+        ("h=1 (base)", "2"), ("h=8", "3")]
+    bleu = merged["rows"][1][merged["header"].index("test BLEU")]
+    assert bleu == f"{statistics.fmean(30 + 2 + s / 3 for s in (1, 2, 3)):.2f} ± " \
+                   f"{statistics.stdev(30 + 2 + s / 3 for s in (1, 2, 3)):.2f}"
+    # not a runs.csv heads-lab can read: one line, naming the file or the line
+    old = tmp_path / "old.csv"
+    with open(tmp_path / "seeds12" / "runs.csv", newline="") as f:
+        lines = list(csv.reader(f))
+    old.write_text("\n".join(",".join(x for x in line[:5]) for line in lines) + "\n")
+    with pytest.raises(DataError, match=r"old.csv is not a runs.csv with a 'config' column"):
+        collect([old])
+    bad = tmp_path / "bad.csv"
+    lines[1][lines[0].index("test BLEU")] = "31,5"
+    with open(bad, "w", newline="") as f:
+        csv.writer(f).writerows(lines)
+    with pytest.raises(DataError, match=r"bad.csv:2: 'test BLEU' is '31,5', not a number"):
+        collect([bad])
 
 
 def test_settings_are_labelled_as_overrides_write_them():
