@@ -22,6 +22,10 @@ COMMAND = Command("eval", "evaluation", ("eval.", "trainer.precision="), __doc__
 
 def main(args: list[str]) -> int:
     from heads_lab.commands.train import evaluate_on_split  # lazy: start-up time (torch)
+    from heads_lab.training.evaluate import (  # lazy: start-up time (torch)
+        MULTIREF_RECORDS,
+        multiref_metrics,
+    )
 
     started = time.perf_counter()
     opened = runs.open_run(COMMAND, args, average_last=None)  # eval.average_last decides
@@ -41,8 +45,10 @@ def main(args: list[str]) -> int:
     result = {
         "run_dir": str(run_dir), "overrides": overrides, "checkpoints": t.checkpoints,
         "metrics": {f"{name}/loss": ppl["loss"], f"{name}/ppl": ppl["ppl"],
-                    f"{name}/bleu": scores["bleu"], f"{name}/chrf": scores["chrf"]},
-        "sacrebleu": {k: scores[k] for k in ("bleu_signature", "chrf_signature", "bleu_detail")},
+                    f"{name}/bleu": scores["bleu"], f"{name}/chrf": scores["chrf"],
+                    **multiref_metrics(name, scores)},
+        "sacrebleu": {k: scores[k] for k in ("bleu_signature", "chrf_signature", "bleu_detail",
+                                             *MULTIREF_RECORDS) if k in scores},
         "decoding": {"split": name, "beam": run.eval.beam, "lenpen": run.eval.lenpen,
                      "sentences": len(split)},
         "precision": str(run.trainer.precision),  # computed in (auto: the run's own, where it can)
@@ -54,6 +60,9 @@ def main(args: list[str]) -> int:
         (f"{name} PPL", f"{ppl['ppl']:.2f}"),
         (f"{name} BLEU (beam {run.eval.beam})", f"{scores['bleu']:.2f}"),
         (f"{name} chrF", f"{scores['chrf']:.2f}"),
+        *([(f"{name} BLEU · chrF, all references",
+            f"{scores['bleu_multiref']:.2f} · {scores['chrf_multiref']:.2f}")]
+          if "bleu_multiref" in scores else []),
     ]))
     console.print(f"BLEU signature: {scores['bleu_signature']}")
     console.print(f"results: {out_dir / 'eval.json'}")

@@ -157,6 +157,10 @@ def render(rows: list[Row], tested: list[Comparison], varying: list[str], split:
     bases = [c.base for c in tested if c.base is not None]
     header = ["setting", *[name for name, _ in SHAPE], "params", "runs", "valid PPL",
               f"{split} BLEU", f"{split} chrF", "p vs base", "tok/s", "peak MB"]
+    multiref = any(f"{split}/bleu_multiref" in r.metrics for row in rows for r in row.runs)
+    if multiref:  # several references per segment (Tatoeba): BLEU and chrF against all of them
+        header[header.index("p vs base"):header.index("p vs base")] = [
+            f"{split} BLEU all refs", f"{split} chrF all refs"]
     gated = any(k.startswith("heads_kept/") for row in rows for r in row.runs for k in r.metrics)
     if gated:  # Hard Concrete gates (prune.l0_lambda): heads kept per attention type
         header += list(KEPT_COLUMNS)
@@ -180,6 +184,8 @@ def render(rows: list[Row], tested: list[Comparison], varying: list[str], split:
                  str(len(row.runs)), stat([x.get("valid/ppl") for x in m], 2),
                  stat([x.get(f"{split}/bleu") for x in m], 2),
                  stat([x.get(f"{split}/chrf") for x in m], 2),
+                 *([stat([x.get(f"{split}/{k}_multiref") for x in m], 2) for k in ("bleu", "chrf")]
+                   if multiref else []),
                  p_text(row),
                  stat([x.get("train/tokens_per_s") for x in m], 0),
                  stat([x.get("cost/peak_mem_mb") for x in m], 0)]
@@ -202,6 +208,9 @@ def render(rows: list[Row], tested: list[Comparison], varying: list[str], split:
     header = [x for i, x in enumerate(header) if i not in unused]  # e.g. h_K in table_a's
     body = [[x for i, x in enumerate(b) if i not in unused] for b in body]
     note = "mean ± std over the runs (seeds) of a row; " + p_note(tested, varying, x)
+    if multiref:
+        note += ("; all refs: against every translation of each test source (the data's other "
+                 "references, sacrebleu nrefs:var), beside the one-reference scores")
     if gated:  # runs from before prune.gate_eval existed kept heads by the binary rule
         rules = sorted({r.config.get("prune.gate_eval") or "binary" for row in rows
                         for r in row.runs if "heads_kept/enc-self" in r.metrics})

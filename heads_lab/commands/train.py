@@ -22,6 +22,7 @@ from heads_lab.config.unread import unread_prune_settings, unread_train_settings
 from heads_lab.config.variants import variant
 from heads_lab.data import collate, epoch_batches, prepare, testsets, train_subset
 from heads_lab.data.cleaning import describe
+from heads_lab.data.sources import references
 from heads_lab.errors import ConfigError, DataError, finished_run
 from heads_lab.model import Transformer, admin_init, count_parameters
 from heads_lab.model.heads import gates_kept, gates_of, head_counts, install_gates, masked, parse_head_mask
@@ -38,7 +39,13 @@ from heads_lab.training.device import (
     resolve_device,
     resolve_precision,
 )
-from heads_lab.training.evaluate import perplexity, score, translate
+from heads_lab.training.evaluate import (
+    MULTIREF_RECORDS,
+    multiref_metrics,
+    perplexity,
+    score,
+    translate,
+)
 from heads_lab.training.loop import seed_everything, train
 from heads_lab.training.stops import stop_signals
 
@@ -188,6 +195,7 @@ def _metrics(split_name: str, result, ppl, scores, params, costs, peak_mb: float
         f"{split_name}/ppl": ppl["ppl"],
         f"{split_name}/bleu": scores["bleu"],
         f"{split_name}/chrf": scores["chrf"],
+        **multiref_metrics(split_name, scores),
         "cost/params": params["total"],
         "cost/params_attention": params["attention"],
         "cost/params_talking_heads": params["talking_heads"],
@@ -216,7 +224,7 @@ def _evaluation(run: RunConfig, split, scores) -> dict[str, Any]:
     """results.json's sacrebleu signatures and what was decoded how."""
     return {
         "sacrebleu": {k: scores[k] for k in ("bleu_signature", "chrf_signature", "bleu_detail",
-                                             "hyp_len_ratio")},
+                                             "hyp_len_ratio", *MULTIREF_RECORDS) if k in scores},
         "decoding": {"split": run.eval.split, "beam": run.eval.beam, "lenpen": run.eval.lenpen,
                      "sentences": len(split),
                      "test_set": (f"sacrebleu:{run.eval.sacrebleu_test}"
@@ -343,7 +351,14 @@ def evaluate_on_split(run: RunConfig, model: Transformer, corpus, device: torch.
     write_lines(out_dir / f"{prefix}hyps.{split_name}.txt", hyps)
     write_lines(out_dir / f"{prefix}refs.{split_name}.txt", split.tgt_text)
     write_lines(out_dir / f"{prefix}src.{split_name}.txt", split.src_text)
-    return split, ppl, score(hyps, split.tgt_text, run.eval.bleu_tokenize)
+    all_refs = None if run.eval.sacrebleu_test else references(run.data, split_name)
+    if all_refs is not None and [r[0] for r in all_refs] != list(split.tgt_text):
+        log.warning("the %s split's references differ from the data's: no multi-reference "
+                    "score", split_name)  # (cannot happen: both are read from one file)
+        all_refs = None
+    if all_refs is not None:  # a line per segment, its references tab-separated, its own first
+        write_lines(out_dir / f"{prefix}refs.{split_name}.all.tsv", map("\t".join, all_refs))
+    return split, ppl, score(hyps, split.tgt_text, run.eval.bleu_tokenize, all_refs)
 
 
 def _heads_text(run: RunConfig) -> str:
@@ -365,6 +380,9 @@ def _summary_rows(results: dict[str, Any]) -> list[tuple[str, str]]:
         (f"{split} PPL", f"{m[f'{split}/ppl']:.2f}"),
         (f"{split} BLEU (beam {results['decoding']['beam']})", f"{m[f'{split}/bleu']:.2f}"),
         (f"{split} chrF", f"{m[f'{split}/chrf']:.2f}"),
+        *([(f"{split} BLEU · chrF, all references",
+            f"{m[f'{split}/bleu_multiref']:.2f} · {m[f'{split}/chrf_multiref']:.2f}")]
+          if f"{split}/bleu_multiref" in m else []),
         (("time train (every process) / eval / total (this process)"
           if results["train"].get("resumed_from") is not None else "time train / eval / total"),
          f"{t['train_s']:.0f}s / {t['eval_s']:.0f}s / {t['total_s']:.0f}s"),

@@ -40,6 +40,8 @@ class SplitReader:
     fingerprint: Any
     read: Callable[[], Iterator[Pair]]
     info: Callable[[], dict[str, Any]] | None = None  # facts for results.json (data.source)
+    # every reference of each held-out segment, its own first (sources with several: Tatoeba)
+    references: Callable[[], list[list[str]]] | None = None
 
 
 def open_source(cfg: DataConfig) -> dict[str, SplitReader]:
@@ -226,7 +228,22 @@ def _tatoeba(cfg: TatoebaDataConfig) -> dict[str, SplitReader]:
     fingerprint = {"sha256": sha, "split": key[2:]}  # the content, wherever the file lives
     return {s: SplitReader(s, f"{path}:{cfg.member} ({s}, split by sentence group)", fingerprint,
                            lambda s=s: tatoeba.read_split(path, sha, key, s, cfg.src == "de"),
-                           lambda: tatoeba.source_info(path, sha, key)) for s in SPLITS}
+                           lambda: tatoeba.source_info(path, sha, key),
+                           None if s == "train" else
+                           lambda s=s: tatoeba.references(path, sha, key, s, cfg.src == "de",
+                                                          cfg.cleaning.normalize))
+            for s in SPLITS}
+
+
+def references(cfg: DataConfig, split: str) -> list[list[str]] | None:
+    """Every reference of each segment of a held-out split, normalised as the corpus's texts
+    (data.cleaning.normalize), its own reference first: for a source that has several per
+    segment (Tatoeba: the other translations of its sentence); None for the others (their
+    readers are not opened: a hub dataset would be fetched)."""
+    if not isinstance(cfg, TatoebaDataConfig):
+        return None
+    reader = _tatoeba(cfg)[split]
+    return None if reader.references is None else reader.references()
 
 
 # ---------------------------------------------------------------- Hugging Face datasets

@@ -9,7 +9,10 @@ valid or test, on either side, occurs in training. Valid and test are whole grou
 fixed seed until each holds `valid_sentences` / `test_sentences` English sentences (a group can
 add a few more); every English sentence there keeps one pair, its first in the file, so a held-out
 set has one segment per English sentence (with de→en, one reference per segment). The other
-translations of held-out sentences are used nowhere (counted as `held_out_variants`).
+translations of held-out sentences (counted as `held_out_variants`) are never trained on; they
+are the extra references of the multi-reference score (`references`): each segment is scored
+against every target sentence paired anywhere in the file with its source sentence, all of them
+in its own held-out group.
 
 The zip's sha256 is checked against `data.sha256` before anything is read and recorded, with the
 split counts, in the corpus stats (results.json's `data.source`).
@@ -172,6 +175,30 @@ def split(path: str, sha256: str, member: str, valid_sentences: int, test_senten
 def source_info(path: Path, sha256: str, key: tuple) -> dict[str, Any]:
     """results.json's data.source: the file, its sha256, attribution and the split's counts."""
     return {"file": str(path), "sha256": sha256, "attribution": ATTRIBUTION, "split": split(*key)[1]}
+
+
+def references(path: Path, sha256: str, key: tuple, name: str, de_first: bool,
+               form: str) -> list[list[str]]:
+    """Each segment of split `name` (in read_split's order): every target-side sentence paired
+    in the file with its source sentence (NFC, whitespace collapsed), normalised as the corpus's
+    texts (`form`: data.cleaning.normalize), its own reference first, then the others in file
+    order, each once. Pairs sharing a sentence are one group, so these all lie in the segment's
+    own held-out group: none is ever trained on."""
+    pairs = _pairs(str(path), sha256, key[2])
+    src, tgt = (1, 0) if de_first else (0, 1)
+    by_source: dict[str, list[int]] = {}
+    for i, pair in enumerate(pairs):
+        by_source.setdefault(normalize(pair[src], "NFC"), []).append(i)
+    out = []
+    for i in split(*key)[0][name]:
+        seen, refs = set(), []
+        for j in [i, *by_source[normalize(pairs[i][src], "NFC")]]:
+            text = normalize(pairs[j][tgt], form)
+            if text not in seen:
+                seen.add(text)
+                refs.append(text)
+        out.append(refs)
+    return out
 
 
 def read_split(path: Path, sha256: str, key: tuple, name: str, de_first: bool):

@@ -48,13 +48,17 @@ def translate(model: Transformer, split: Split, tokenizer: Tokenizer, cfg: EvalC
     return tokenizer.decode(hyps)
 
 
-def score(hyps: list[str], refs: list[str], tokenize: str | None = None) -> dict[str, object]:
-    """Corpus BLEU and chrF of detokenized hypotheses against one reference each."""
+def score(hyps: list[str], refs: list[str], tokenize: str | None = None,
+          all_refs: list[list[str]] | None = None) -> dict[str, object]:
+    """Corpus BLEU and chrF of detokenized hypotheses against one reference each; with
+    `all_refs` (every reference of each segment, its own first: Tatoeba's other translations)
+    the same against all of them too (`bleu_multiref`, `chrf_multiref`: sacrebleu's
+    several-reference scores, chrF taking each segment's best reference)."""
     bleu = BLEU(tokenize=tokenize) if tokenize else BLEU()
     chrf = CHRF()
     b = bleu.corpus_score(hyps, [refs])
     c = chrf.corpus_score(hyps, [refs])
-    return {
+    out = {
         "bleu": b.score,
         "chrf": c.score,
         "bleu_signature": str(bleu.get_signature()),
@@ -62,4 +66,34 @@ def score(hyps: list[str], refs: list[str], tokenize: str | None = None) -> dict
         "bleu_detail": str(b),
         "hyp_len_ratio": b.sys_len / max(b.ref_len, 1),
     }
+    if all_refs is not None:
+        out.update(multiref_score(hyps, all_refs, tokenize))
+    return out
 
+
+MULTIREF_RECORDS = ("bleu_multiref_signature", "chrf_multiref_signature", "multiref")
+
+
+def multiref_metrics(split: str, scores: dict[str, object]) -> dict[str, float]:
+    """results.json's multi-reference metrics, where the data has several references."""
+    return {f"{split}/{k}": scores[k] for k in ("bleu_multiref", "chrf_multiref") if k in scores}
+
+
+def multiref_score(hyps: list[str], all_refs: list[list[str]],
+                   tokenize: str | None = None) -> dict[str, object]:
+    """BLEU and chrF against every reference of each segment: sacrebleu's reference streams,
+    a segment with fewer references than the most padded with None (sacrebleu skips those;
+    its signature says nrefs:var)."""
+    width = max(len(r) for r in all_refs)
+    streams = [[r[k] if k < len(r) else None for r in all_refs] for k in range(width)]
+    bleu = BLEU(tokenize=tokenize) if tokenize else BLEU()
+    chrf = CHRF()
+    return {
+        "bleu_multiref": bleu.corpus_score(hyps, streams).score,
+        "chrf_multiref": chrf.corpus_score(hyps, streams).score,
+        "bleu_multiref_signature": str(bleu.get_signature()),
+        "chrf_multiref_signature": str(chrf.get_signature()),
+        "multiref": {"segments": len(all_refs),
+                     "with_several": sum(len(r) > 1 for r in all_refs),
+                     "references": sum(len(r) for r in all_refs)},
+    }

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+import sacrebleu
 
 from tests.integration.test_cli import _assert_one_line_error, _results, heads_lab
 from tests.unit.test_data_sources import _corpus, _write
@@ -87,6 +88,19 @@ def test_train_on_tatoeba_records_sha256_and_split(tmp_path):
     assert results["data"]["train"]["kept"] == round(0.1 * split["train"]["pairs"])
     assert results["decoding"]["sentences"] == split["valid"]["pairs"]
     assert math.isfinite(results["metrics"]["valid/ppl"])
+    # the multi-reference score: every translation of each source, read back from its file
+    run_dir = Path(results["run_dir"])
+    all_refs = [line.split("\t") for line in
+                (run_dir / "refs.valid.all.tsv").read_text(encoding="utf-8").splitlines()]
+    hyps = (run_dir / "hyps.valid.txt").read_text(encoding="utf-8").splitlines()
+    assert [r[0] for r in all_refs] == (run_dir / "refs.valid.txt").read_text(
+        encoding="utf-8").splitlines()
+    assert (sum(len(r) > 1 for r in all_refs), sum(map(len, all_refs))) == (226, 2273)
+    streams = [[r[k] if k < len(r) else None for r in all_refs]
+               for k in range(max(map(len, all_refs)))]
+    assert results["metrics"]["valid/bleu_multiref"] == pytest.approx(
+        sacrebleu.corpus_bleu(hyps, streams).score)
+    assert results["sacrebleu"]["multiref"]["references"] == 2273
 
 
 def test_bad_tatoeba_zip_is_one_line_and_writes_nothing(tmp_path):

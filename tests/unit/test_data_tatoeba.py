@@ -104,6 +104,36 @@ def test_held_out_sentence_keeps_its_first_pair(tmp_path):
     pytest.fail("no seed held E900 out")
 
 
+def test_every_translation_of_a_held_out_source_is_a_reference_and_none_is_trained_on(tmp_path):
+    """The multi-reference score's references: E901 and E902 share the German 'D-shared.', so
+    de→en scores each of the two segments against both English sentences (its own first); E900
+    has three German versions, so en→de scores its segment against all three. Every reference
+    lies in its segment's held-out group: none is in the training split."""
+    from heads_lab.data.sources import references
+
+    path = _zip(tmp_path / "deu-eng.zip", _lines())
+    for seed in range(200):  # a seed that holds both groups out in test
+        cfg = _cfg(path, split_seed=seed)
+        test = _read(open_source(cfg), "test")
+        if {"E901 hi.", "E900 runs."} <= {en for _, en in test}:
+            break
+    else:
+        pytest.fail("no seed held E900 and E901 out in test")
+    refs = references(cfg, "test")
+    assert [r[0] for r in refs] == [en for _, en in test]  # its own reference first
+    by_own = dict(zip([en for _, en in test], refs))
+    assert by_own["E901 hi."] == ["E901 hi.", "E902 hello."]
+    assert by_own["E902 hello."] == ["E902 hello.", "E901 hi."]
+    assert by_own["E900 runs."] == ["E900 runs."]  # three German sources, one English each
+    assert all(len(r) == 1 for own, r in by_own.items() if not own.startswith("E90"))
+    en_de = _cfg(path, split_seed=seed, src="en", tgt="de")
+    by_src = dict(zip([en for en, _ in _read(open_source(en_de), "test")], references(en_de, "test")))
+    assert by_src["E900 runs."] == ["D900 läuft.", "D900 rennt.", "D900 joggt."]
+    train = {text for pair in _read(open_source(cfg), "train") for text in pair}
+    assert not {x for r in refs for x in r} & train
+    assert references(_cfg(path, split_seed=seed), "train") is None
+
+
 def test_split_is_deterministic_and_direction_swaps(tmp_path):
     path = _zip(tmp_path / "deu-eng.zip", _lines())
     first = {s: _read(open_source(_cfg(path)), s) for s in ("train", "test")}
@@ -174,3 +204,9 @@ def test_real_file_no_held_out_sentence_is_trained_on():
         assert len(en) == len(parts[held]) >= 2000  # one pair per English sentence
         assert not en & train[1] and not de & train[0]
     assert info["split"]["train"]["pairs"] == len(parts["train"]) > 160_000
+    from heads_lab.data.sources import references  # every translation of a test source
+
+    refs = references(TatoebaDataConfig(root=str(REAL.parent)), "test")
+    assert [r[0] for r in refs] == [normalize(en, "NFC") for _, en in parts["test"]]
+    assert (sum(len(r) > 1 for r in refs), sum(map(len, refs))) == (238, 2293)
+    assert not {normalize(x, "NFC") for r in refs for x in r} & train[1]

@@ -29,6 +29,26 @@ def test_scores_equal_sacrebleu_with_signatures():
     assert "tok:intl" in intl["bleu_signature"]
 
 
+def test_every_reference_scores_as_sacrebleus_reference_streams():
+    """The multi-reference score: sacrebleu with one stream per reference rank, a segment with
+    fewer references padded with None; a hypothesis that is another translation of its source
+    scores higher than against its own reference alone."""
+    hyps = ["Tom is listening.", "Wake up Tom.", "It is raining today."]
+    refs = [["Tom listens.", "Tom's listening.", "Tom is listening."], ["Wake Tom up."],
+            ["It rains today.", "It's raining today."]]
+    got = score(hyps, [r[0] for r in refs], all_refs=refs)
+    streams = [["Tom listens.", "Wake Tom up.", "It rains today."],
+               ["Tom's listening.", None, "It's raining today."],
+               ["Tom is listening.", None, None]]
+    assert got["bleu_multiref"] == sacrebleu.corpus_bleu(hyps, streams).score
+    assert got["chrf_multiref"] == sacrebleu.corpus_chrf(hyps, streams).score
+    assert got["bleu"] == sacrebleu.corpus_bleu(hyps, [[r[0] for r in refs]]).score
+    assert got["bleu_multiref"] > got["bleu"] and got["chrf_multiref"] > got["chrf"]
+    assert "nrefs:var" in got["bleu_multiref_signature"]
+    assert got["multiref"] == {"segments": 3, "with_several": 2, "references": 6}
+    assert "bleu_multiref" not in score(hyps, [r[0] for r in refs])
+
+
 def test_perfect_hypotheses_score_100():
     assert score(REFS, REFS)["bleu"] == pytest.approx(100.0)
 

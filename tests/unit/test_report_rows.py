@@ -619,6 +619,29 @@ def test_a_runs_csv_read_back_gives_the_same_table_and_parts_merge(tmp_path):
         collect([bad])
 
 
+def test_runs_scored_against_every_reference_show_those_scores_too():
+    """Tatoeba runs carry test/bleu_multiref (every translation of each source): the table adds
+    their mean ± std beside the one-reference scores, the note says what they are, and runs.csv
+    keeps each run's."""
+    from heads_lab.commands.report_seeds import runs_table
+
+    runs = [_run(s, heads=h) for h in (1, 8) for s in (1, 2)]
+    for run in runs:
+        run.metrics.update({"test/bleu_multiref": run.metrics["test/bleu"] + 2.5,
+                            "test/chrf_multiref": 60.0 + run.config["seed"]})
+    rows, varying = group(runs)
+    table = _render(rows, varying)
+    cells = dict(zip(table["header"], table["rows"][1]))
+    assert cells["test BLEU all refs"] == "34.00 ± 0.71" and cells["test chrF all refs"] == (
+        "61.50 ± 0.71")
+    assert table["header"].index("test chrF all refs") + 1 == table["header"].index("p vs base")
+    assert "all refs: against every translation of each test source" in table["note"]
+    lines = runs_table(rows, "test", {})
+    assert [dict(zip(lines["header"], x))["multiref test BLEU"] for x in lines["rows"]] == [
+        "33.5000", "34.5000", "33.5000", "34.5000"]
+    assert "test BLEU all refs" not in _table([_run(1, heads=8)])["header"]
+
+
 def test_settings_are_labelled_as_overrides_write_them():
     """A row label reads max_time=null, not Python's max_time=None."""
     from heads_lab.commands.report_rows import as_written
