@@ -248,7 +248,7 @@ def p_note(tested: list[Comparison], varying: list[str], x: str | None) -> str:
     if kinds & {sig.SEEDS_AND_SENTENCES, sig.SEEDS_ONLY}:
         parts.append(f"p: Welch's t-test of mean BLEU over seeds {against}, its variance the "
                      "seeds' spread plus the test set's (a paired bootstrap of the test "
-                     "sentences); seed-aware, docs/analysis.md")
+                     "sentences); seed-aware, docs/significance.md")
         if sig.SEEDS_ONLY in kinds:
             parts.append("(seeds only): the translations are not at hand, so the test set's "
                          "variance is left out")

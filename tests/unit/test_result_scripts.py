@@ -382,3 +382,55 @@ def test_the_scripts_examples_name_published_files():
     assert named  # the scripts do name examples
     missing = [(script, path) for script, path in sorted(named) if not (ROOT / path).is_file()]
     assert not missing, missing
+
+
+def test_every_published_runs_csv_reads_back_into_its_reports_rows():
+    """Each study's runs.csv under results/ is what `heads-lab report` reads: its lines group
+    into the published report.csv's rows, with the same run counts, and every row's mean test
+    BLEU over its runs is the published one (to its 2 decimals, ± 0.01: per-run values were
+    published to 2 decimals too)."""
+    import csv
+    import statistics
+
+    from heads_lab.commands.report_rows import collect, group
+
+    studies = sorted(p.parent for p in (ROOT / "results").rglob("runs.csv"))
+    assert len(studies) >= 25
+    for study in studies:
+        runs, problems = collect([study / "runs.csv"])
+        assert not problems, study
+        rows, _ = group(runs)
+        with open(study / "report.csv", newline="", encoding="utf-8") as f:
+            published = {r["setting"].removesuffix(" (base)").replace("=None", "=null"): r
+                         for r in csv.DictReader(f)}  # (older reports wrote None for null)
+        got = {row.label: row for row in rows}
+        assert set(got) == set(published), study
+        for label, row in got.items():
+            assert int(published[label]["runs"]) == len(row.runs), (study, label)
+            bleu = [r.metrics["test/bleu"] for r in row.runs if "test/bleu" in r.metrics]
+            if len(bleu) == len(row.runs) and published[label]["test BLEU"] not in ("", "-"):
+                mean = float(published[label]["test BLEU"].split(" ± ")[0].replace(",", ""))
+                assert statistics.fmean(bleu) == pytest.approx(mean, abs=0.0101), (study, label)
+
+
+def test_seed_aware_p_puts_the_published_p_beside_the_one_over_seeds(tmp_path, capsys):
+    """scripts/seed_aware_p.py on a study: each row's published p and Welch's t over its seeds
+    (scipy's own) from its runs.csv; a row of one seed says why it has none."""
+    from scipy import stats
+
+    script = _script("seed_aware_p")
+    study = ROOT / "results" / "table_a_tatoeba"
+    assert script.main.__call__ and script.rows_of(study)
+    sys.argv = ["seed_aware_p.py", str(study), str(study / "fp32_seed_1")]
+    assert script.main() == 0
+    out = capsys.readouterr().out.splitlines()
+    import csv
+
+    with open(study / "runs.csv", newline="", encoding="utf-8") as f:
+        runs = list(csv.DictReader(f))
+    bleu = {h: [float(r["test BLEU"]) for r in runs if r["setting"] == h] for h in ("h=1", "h=8")}
+    p = stats.ttest_ind(bleu["h=1"], bleu["h=8"], equal_var=False).pvalue
+    (line,) = [x for x in out if "| table_a_tatoeba | h=1 |" in x]
+    assert line.endswith(f"| 0.0060 | {p:.4f} (seeds only) |")
+    (line,) = [x for x in out if "| table_a_tatoeba/fp32_seed_1 | h=4 |" in x]
+    assert line.endswith("| – (one seed a side, its translations gone) |")
