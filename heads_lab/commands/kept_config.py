@@ -9,25 +9,83 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
+import time
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
+
+from heads_lab.errors import ConfigError
+from heads_lab.output.files import lock_dir, unlock_dir
 
 # run dir → (its checkpoints then: {name: (size, mtime)}, {.hydra file name: bytes})
 KEPT: dict[Path, tuple[dict[str, tuple[int, float]], dict[str, bytes]]] = {}
 
 
 class KeepEarlierConfig(Callback):
-    """Hydra callback (conf/hydra/default.yaml): a single run's dir, where it holds an earlier
-    run's .hydra/, has its files kept in memory before Hydra writes the new ones."""
+    """Hydra callback (conf/hydra/default.yaml), before Hydra writes anything: a single run's dir
+    is locked for the process's life (a second training into it stops at once: files.lock_dir)
+    and, where it holds an earlier run's .hydra/, has its files kept in memory before Hydra
+    writes the new ones; a sweep's dir is locked likewise."""
 
     def on_run_start(self, config, **kwargs) -> None:
         if int(os.environ.get("RANK", "0")) != 0:  # torchrun: the ranks share rank 0's dir
             return
         # a dated default dir may not resolve yet (hydra.job.override_dirname is set later),
-        # and is new: there is nothing to keep
+        # and is new: there is nothing to keep or lock against
+        try:
+            run_dir = Path(str(config.hydra.run.dir))
+        except Exception:  # any interpolation error: the dated default
+            return
+        _locked(run_dir, "hydra.run.dir")
+        if _resume_never(config) and _trained(run_dir):
+            _set_aside(run_dir)
+            _locked(run_dir, "hydra.run.dir")
+            return
         with contextlib.suppress(Exception):
-            keep(Path(str(config.hydra.run.dir)))
+            keep(run_dir)
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        try:
+            sweep_dir = Path(str(config.hydra.sweep.dir))
+        except Exception:  # as above: a dir that does not resolve yet
+            return
+        _locked(sweep_dir, "hydra.sweep.dir")
+
+
+def _resume_never(config) -> bool:
+    with contextlib.suppress(Exception):
+        return str(config.trainer.resume) == "never"
+    return False
+
+
+def _trained(run_dir: Path) -> bool:
+    """Whether `run_dir` holds a run that trained and did not finish (its checkpoints); a
+    finished one (results.json) is refused later, as with resume=auto."""
+    folder = run_dir / "checkpoints"
+    return (not (run_dir / "results.json").is_file() and folder.is_dir()
+            and any(folder.iterdir()))
+
+
+def _set_aside(run_dir: Path) -> None:
+    """trainer.resume=never over a run that trained: that run moves whole to
+    <dir>.prev-<time>, said on stderr, and this one starts in an empty dir (it overwrote the
+    earlier run's best.pt and mixed their step checkpoints before)."""
+    aside = run_dir.with_name(f"{run_dir.name}.prev-{time.strftime('%Y%m%d-%H%M%S')}")
+    unlock_dir(run_dir)
+    run_dir.rename(aside)
+    print(f"trainer.resume=never: the run that was in {run_dir} (its checkpoints, config and "
+          f"log) is now in {aside}; this one starts afresh", file=sys.stderr)
+
+
+def _locked(path: Path, key: str) -> None:
+    """files.lock_dir, its refusal said in one line and exit 2 here: Hydra turns an exception
+    in a callback into a warning and goes on (SystemExit passes through it)."""
+    try:
+        lock_dir(path, key)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def _checkpoints(run_dir: Path) -> dict[str, tuple[int, float]]:

@@ -128,6 +128,29 @@ class Trained:
     checkpoints: list[str]
 
 
+def _best_instead(run_dir: Path, cfg, failed: list, states: list, used: list) -> str | None:
+    """load's fallback where every step checkpoint failed its checks: checkpoints/best.pt, the
+    best validation's weights, with a warning naming its step (appended to states and used);
+    the precision it trained in, or None (not there, already tried, or failed too: in failed)."""
+    from heads_lab.training import checkpoint  # lazy: start-up time (torch)
+
+    best = checkpoint.checkpoint_dir(run_dir) / "best.pt"
+    if not best.is_file() or "best.pt" in failed:
+        return None
+    try:
+        state = checkpoint.load(best)
+    except CheckpointError as err:
+        failed.append(f"best.pt ({err})")
+        return None
+    _check_same_model(state.get("config") or {}, cfg, best)
+    step = state.get("progress", {}).get("step")
+    states.append(state["model"])
+    used.append(f"best.pt (step {step})")
+    log.warning("no step checkpoint passed its checks (%s): reading checkpoints/best.pt, the "
+                "best validation's weights (step %s)", ", ".join(failed), step)
+    return checkpoint.trained_in(state)
+
+
 def _checkpoint_files(run_dir: Path, run, average_last: int) -> list:
     """The (step, path) checkpoints to read, newest first: best.pt for the weights `train`
     evaluated, analysis.step's, or the step checkpoints; a CheckpointError saying why there
@@ -203,6 +226,8 @@ def load(run_dir: Path, overrides: list[str], average_last: int | None = 1,
         used.append(path.name if path.name != "best.pt" else
                     f"best.pt (step {state.get('progress', {}).get('step', '?')})")
         del state  # its optimizer moments are not needed: not held through prepare()
+    if not states and average_last == 1:  # the step checkpoints failed their checks
+        trained = _best_instead(run_dir, cfg, failed, states, used) or trained
     if not states:
         raise CheckpointError(
             f"{checkpoint.checkpoint_dir(run_dir)} holds no valid checkpoint ({', '.join(failed)} "

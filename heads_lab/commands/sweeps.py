@@ -33,7 +33,7 @@ from heads_lab.commands.sweep_signals import (
 from heads_lab.config.compose import compose, expand_sweeps, to_object
 from heads_lab.config.validate import validate
 from heads_lab.errors import ConfigError, HeadsLabError, finished_run, one_line
-from heads_lab.output.files import ensure_writable
+from heads_lab.output.files import LOCK, ensure_writable
 from heads_lab.output.trackers import RUN_FILES, check_installed
 from heads_lab.training import stops
 
@@ -219,6 +219,13 @@ def user_errors(hydra_cfg):
 
     try:
         yield
+    except KeyboardInterrupt:  # Ctrl-C outside training's stop signals (the final evaluation)
+        if hydra_cfg.mode == RunMode.MULTIRUN:
+            raise
+        print(f"error: interrupted; run the same command with "
+              f"{dir_arg('hydra.run.dir', hydra_cfg.runtime.output_dir)} to resume (a run whose "
+              "training had ended is evaluated again from its last checkpoint)", file=sys.stderr)
+        raise SystemExit(130) from None
     except Preempted as err:  # a stop signal: the whole command stops, resumable, not failed
         requeued = scheduler_handler(err.signal_name) is not None  # SLURM resumes it itself
         if hydra_cfg.mode != RunMode.MULTIRUN:  # the advice names this run's dir, as typed
@@ -252,7 +259,7 @@ def user_errors(hydra_cfg):
         record_failure(Path(hydra_cfg.runtime.output_dir), str(err), job)
 
 
-STARTUP_FILES = (".hydra", "train.log", "tokenizer.model")  # what a run writes before training
+STARTUP_FILES = (".hydra", "train.log", "tokenizer.model", LOCK)  # a run's before training
 
 
 def discard_unstarted(run_dir: Path) -> None:

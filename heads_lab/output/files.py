@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -64,3 +65,45 @@ def ensure_writable(path: Path, label: str) -> None:
     except OSError as err:
         raise ConfigError(f"cannot write to {label} {path}: {err.strerror or err}; choose a "
                           "writable dir (or fix its permissions / free space)") from None
+
+
+LOCK = ".heads-lab.lock"  # in a run or sweep dir, held by the process writing into it
+_HELD: dict[Path, int] = {}  # dir → the open file descriptor holding its lock (for life)
+
+
+def lock_dir(path: Path, key: str) -> None:
+    """Hold an exclusive lock on dir `path` for the rest of this process (creating the dir), so
+    that a second heads-lab writing into it (two trainings given one hydra.run.dir, two sweeps
+    given one hydra.sweep.dir) stops at once instead of overwriting the first. The lock is the
+    kernel's (flock) on `path`/.heads-lab.lock: it ends with the process, however it ends, so a
+    killed run's dir never stays locked and resumes. ConfigError, one line naming `key`, where
+    another process holds it. A dir that cannot be created or written is left to the checks
+    that say so (nothing is locked)."""
+    import fcntl  # lazy: POSIX only, where it is the only caller's need
+
+    path = Path(path).resolve()
+    if path in _HELD:
+        return
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path / LOCK, os.O_RDWR | os.O_CREAT, 0o666 & ~_umask())
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
+        os.close(fd)
+        raise ConfigError(f"{path} is in use by another heads-lab ({holder}): wait for it to "
+                          f"end, or choose another {key}") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}, since "
+                  f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
+    _HELD[path] = fd
+
+
+def unlock_dir(path: Path) -> None:
+    """Give up lock_dir's lock on `path` (before the dir is moved away)."""
+    fd = _HELD.pop(Path(path).resolve(), None)
+    if fd is not None:
+        os.close(fd)

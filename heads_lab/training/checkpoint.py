@@ -121,6 +121,18 @@ def latest(run_dir: Path, warn: bool = True) -> tuple[dict[str, Any], Path] | No
     return None
 
 
+def set_aside_newer(run_dir: Path, step: int) -> None:
+    """The step checkpoints newer than `step`, the one a run resumes from (so they failed their
+    checks), renamed to <name>.corrupt: the rotation counts only valid ones, so it never keeps a
+    corrupt file and deletes the valid one the run resumed from."""
+    for newer, path in step_files(run_dir):
+        if newer > step:
+            aside = path.with_name(path.name + ".corrupt")
+            os.replace(path, aside)
+            log.warning("%s failed its checks: kept as %s, out of the rotation", path.name,
+                        aside.name)
+
+
 def prune(run_dir: Path, keep_last: int) -> None:
     """Delete all but the newest `keep_last` step checkpoints (best.pt is a separate file)."""
     for _, path in step_files(run_dir)[max(keep_last, 1):]:
@@ -196,6 +208,8 @@ class Checkpoints:
         _check_same_precision(state, self.config, self._precision()["precision"], path)
         log.info("resuming from %s (step %d)", path, state["progress"]["step"])
         self.last_path = path
+        if self.is_writer:
+            set_aside_newer(self.run_dir, state["progress"]["step"])
         return state
 
     def _precision(self) -> dict[str, str]:
@@ -249,7 +263,8 @@ def _check_same_run(saved: dict[str, Any], current: dict[str, Any], path: Path) 
         if old.get(key) != new.get(key):
             raise CheckpointError(
                 f"{path} was written by a run with {key}={old.get(key)!r}, not {new.get(key)!r}; "
-                "resume with the same settings, or use another run dir (or trainer.resume=never)")
+                "resume with the same settings, or use another run dir (or trainer.resume=never, "
+                "which moves this run aside to <dir>.prev-<time>)")
 
 
 def trained_in(state: dict[str, Any]) -> str | None:
@@ -303,7 +318,8 @@ def _check_same_precision(state: dict[str, Any], current: dict[str, Any], comput
         raise CheckpointError(
             f"{path} trained in {trained} (trainer.precision={setting or trained}), but this run "
             f"computes in {computes}; resume it with trainer.precision={trained} (or auto){where}, "
-            "or use another run dir (or trainer.resume=never)")
+            "or use another run dir (or trainer.resume=never, which moves this run aside to "
+                "<dir>.prev-<time>)")
 
 
 def _precision_setting(config: dict[str, Any]) -> str | None:

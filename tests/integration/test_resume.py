@@ -306,3 +306,112 @@ def test_a_stop_signal_to_a_submitit_local_sweep_stops_its_jobs_and_the_sweep_re
     assert [r["train"]["steps"] for r in results] == [400, 400]
     assert all(r["train"]["resumed_from"] is not None for r in results)
 
+
+
+@pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)
+def test_two_trainings_into_one_run_dir_the_second_stops_and_a_killed_runs_lock_does_not_stay(
+        uninterrupted, tmp_path):
+    """Two real processes, one hydra.run.dir: the second stops at once in one line (exit 2),
+    having written nothing — the first run's .hydra/ keeps its settings and it finishes with its
+    own numbers; a run killed with SIGKILL leaves no lock behind: the same command resumes."""
+    run_dir = tmp_path / "run"
+    first = _start(run_dir, tmp_path)
+    _wait_for_checkpoint(run_dir, first)
+    second = heads_lab("train", *RUN, "model.heads=1", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert second.returncode == 2, second.stderr + second.stdout
+    lines = [x for x in second.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "is in use by another " \
+        f"heads-lab (pid {first.pid} " in lines[0] and "choose another hydra.run.dir" in lines[0]
+    assert "model.heads=1" not in (run_dir / ".hydra" / "overrides.yaml").read_text()
+    os.killpg(first.pid, signal.SIGKILL)  # no chance to clean up: the kernel drops its lock
+    first.wait()
+    proc = heads_lab("train", *RUN, f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["train"]["resumed_from"] is not None
+    for key in EXACT:
+        assert results["metrics"][key] == uninterrupted["metrics"][key], key
+
+
+@pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)
+def test_resume_never_over_a_run_that_trained_moves_it_aside_and_says_so(tmp_path):
+    """trainer.resume=never where another setting's run stopped: that run moves whole (its
+    checkpoints, its .hydra/ and log) to <dir>.prev-<time>, a line says where, and the new run
+    starts in an empty dir: no step checkpoint of the old run beside the new one's."""
+    run_dir = tmp_path / "run"
+    proc = _start(run_dir, tmp_path)
+    old_step = _wait_for_checkpoint(run_dir, proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    old = {p.name: p.read_bytes() for p in (run_dir / "checkpoints").iterdir()}
+    new = heads_lab("train", *RUN, "model.heads=2", "trainer.max_steps=8", "trainer.resume=never",
+                    f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert new.returncode == 0, new.stderr + new.stdout
+    (aside,) = tmp_path.glob("run.prev-*")
+    assert f"trainer.resume=never: the run that was in {run_dir}" in new.stderr
+    assert str(aside) in new.stderr
+    assert {p.name: p.read_bytes() for p in (aside / "checkpoints").iterdir()} == old
+    assert "model.heads=2" not in (aside / ".hydra" / "overrides.yaml").read_text()
+    steps = {int(p.stem.split("_")[1]) for p in (run_dir / "checkpoints").glob("step_*.pt")}
+    assert max(steps) == 8 and old_step not in steps - {4, 8}
+    for path in (run_dir / "checkpoints").glob("step_*.pt"):
+        assert checkpoint.load(path)["config"]["model"]["heads"] == 2
+
+
+def _truncate(path: Path) -> None:
+    """A checkpoint cut short, as a full disk leaves it: a file of its own (best.pt, a hard link
+    to a step checkpoint, keeps its bytes)."""
+    data = path.read_bytes()
+    path.unlink()
+    path.write_bytes(data[:1000])
+
+
+@pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)
+def test_a_corrupt_newest_checkpoint_is_set_aside_on_resume_and_eval_falls_back_to_best(
+        uninterrupted, tmp_path):
+    """The newest step checkpoint truncated: the resumed run sets it aside (never rotating out
+    the valid one it resumed from) and ends with the uninterrupted run's numbers; `eval` of a run
+    whose every step checkpoint is truncated reads best.pt and says so, not 'no weights'."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(uninterrupted["run_dir"], run_dir)
+    (run_dir / "results.json").unlink()
+    steps = sorted((run_dir / "checkpoints").glob("step_*.pt"))
+    newest = steps[-1]
+    _truncate(newest)
+    proc = heads_lab("train", *RUN, f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert (run_dir / "checkpoints" / (newest.name + ".corrupt")).is_file()
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["train"]["resumed_from"] == int(steps[-2].stem.split("_")[1])
+    for key in EXACT:
+        assert results["metrics"][key] == uninterrupted["metrics"][key], key
+    for path in (run_dir / "checkpoints").glob("step_*.pt"):
+        checkpoint.load(path)  # every step checkpoint left in the rotation is valid
+        _truncate(path)
+    ev = heads_lab("eval", str(run_dir), cwd=tmp_path)
+    assert ev.returncode == 0, ev.stderr + ev.stdout
+    assert "reading checkpoints/best.pt, the best validation's weights (step" in ev.stderr + \
+        ev.stdout
+
+
+@pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)
+def test_ctrl_c_during_the_final_evaluation_says_how_to_resume(uninterrupted, tmp_path):
+    """Interrupted (SIGINT) while the test set is decoded: one line naming the command that
+    resumes it, exit 130; that command evaluates it (its training had ended)."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(uninterrupted["run_dir"], run_dir)
+    (run_dir / "results.json").unlink()
+    proc = _start(run_dir, tmp_path)  # resumes at its last step: straight to the evaluation
+    deadline = time.time() + 120
+    while "resuming from" not in (run_dir / "train.log").read_text() and time.time() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    time.sleep(1.0)  # into the decoding
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert f"error: interrupted; run the same command with hydra.run.dir={run_dir} to resume" \
+        in err
+    assert not (run_dir / "results.json").exists()
+    again = heads_lab("train", *RUN, f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr + again.stdout
