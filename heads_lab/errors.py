@@ -56,11 +56,16 @@ def one_line(err: BaseException) -> str:
                 return (f"'{key}' is an optional config group: add it with a leading +, "
                         f"e.g. +{key}=<option> (`heads-lab train --help` lists its options)")
         hint = ""
-        if schema:  # the closest field of the very schema Hydra names
+        if schema:  # the closest field of the very schema Hydra names, for the part it names
             from heads_lab.config.compose import field_names  # lazy: only on this error
 
-            head, _, leaf = key.rpartition(".")
-            hint = _did_you_mean(leaf, field_names(schema.group(1)), head + "." if head else "")
+            missing = re.search(r"Key '([^']+)' not in", cause)
+            parts = key.split(".")
+            at = parts.index(missing.group(1)) if missing and missing.group(1) in parts else \
+                len(parts) - 1
+            hint = _did_you_mean(parts[at], field_names(schema.group(1)),
+                                 "".join(p + "." for p in parts[:at]),
+                                 "".join("." + p for p in parts[at + 1:]))
         return (f"unknown config key '{key}'{f' ({cause})' if cause else ''}{hint}; check the "
                 "spelling against `heads-lab train --cfg job`")
     if "Ambiguous value for argument" in first:
@@ -100,7 +105,9 @@ def one_line(err: BaseException) -> str:
 OPTIONAL_GROUPS = ("experiment", "mix", "depth", "cost_row")  # added with +group=option
 
 
-def _did_you_mean(wrong: str, candidates: list[str], prefix: str = "") -> str:
-    """' (did you mean model.heads?)' for the closest candidate, or '' when none is close."""
+def _did_you_mean(wrong: str, candidates: list[str], prefix: str = "", suffix: str = "") -> str:
+    """' (did you mean model.heads?)' for the closest candidate (between `prefix` and `suffix`:
+    a misspelt group's key keeps the rest, modle.heads → model.heads), or '' when none is
+    close."""
     close = difflib.get_close_matches(wrong, candidates, n=1, cutoff=0.6)
-    return f" (did you mean {prefix}{close[0]}?)" if close else ""
+    return f" (did you mean {prefix}{close[0]}{suffix}?)" if close else ""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import csv
 import statistics
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,10 +43,10 @@ def read(path: Path) -> list[Run]:
         with open(path, newline="", encoding="utf-8") as f:
             rows = list(csv.DictReader(f))
     except (OSError, UnicodeDecodeError) as e:
-        raise SystemExit(f"error: cannot read {path} ({e.__class__.__name__}); give the runs.csv "
+        raise UserError(f"error: cannot read {path} ({e.__class__.__name__}); give the runs.csv "
                          "that heads-lab report writes") from None
     if not rows or any(key not in rows[0] for key in NEEDED):
-        raise SystemExit(f"error: {path} is not a heads-lab runs.csv (needs the columns "
+        raise UserError(f"error: {path} is not a heads-lab runs.csv (needs the columns "
                          f"{', '.join(NEEDED)}); give the runs.csv beside a report.md")
     runs = []
     for i, row in enumerate(rows, start=2):
@@ -54,7 +55,7 @@ def read(path: Path) -> list[Run]:
                             float(row["test BLEU"]), float(row["test chrF"]),
                             row["p vs base (its seed)"], row.get("precision") or "?", path))
         except ValueError:
-            raise SystemExit(f"error: {path} line {i}: a run without its seed or numbers "
+            raise UserError(f"error: {path} line {i}: a run without its seed or numbers "
                              "(not evaluated?); report only evaluated runs") from None
     return runs
 
@@ -72,12 +73,12 @@ def table(runs: list[Run]) -> str:
     for run in runs:
         key = (run.setting, run.seed)
         if key in seen:
-            raise SystemExit(f"error: seed {run.seed} of {run.setting} is in {seen[key]} and in "
+            raise UserError(f"error: seed {run.seed} of {run.setting} is in {seen[key]} and in "
                              f"{run.source}; give each run once")
         seen[key] = run.source
     bases = {run.setting for run in runs if run.p == "base"}
     if len(bases) > 1:
-        raise SystemExit(f"error: the runs.csv files have different base rows ({', '.join(sorted(bases))}); "
+        raise UserError(f"error: the runs.csv files have different base rows ({', '.join(sorted(bases))}); "
                          "give reports made with one report.base")
     base = {(run.source, run.seed): run for run in runs if run.p == "base"}
     settings = list(dict.fromkeys(run.setting for run in runs))
@@ -105,11 +106,19 @@ def table(runs: list[Run]) -> str:
     return "\n".join(lines)
 
 
+class UserError(Exception):
+    """A file this script cannot use: one line on stderr, exit 2 (as heads-lab's commands)."""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("runs", nargs="+", type=Path, help="runs.csv files, a seed (or more) each")
     args = parser.parse_args(argv)
-    print(table([run for path in args.runs for run in read(path)]))
+    try:
+        print(table([run for path in args.runs for run in read(path)]))
+    except UserError as err:
+        print(err, file=sys.stderr)
+        return 2
     return 0
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import difflib
 import io
 import json
 import os
@@ -95,8 +96,10 @@ def _main(argv: list[str] | None) -> int:
         return 0
     command, rest = args[0], args[1:]
     if command not in COMMANDS:
-        print(f"error: unknown command {command!r}; commands: {', '.join(COMMANDS)} "
-              "(see heads-lab --help)", file=sys.stderr)
+        close = difflib.get_close_matches(command, list(COMMANDS), n=1, cutoff=0.6)
+        print(f"error: unknown command {command!r}"
+              f"{f' (did you mean {close[0]}?)' if close else ''}; commands: "
+              f"{', '.join(COMMANDS)} (see heads-lab --help)", file=sys.stderr)
         return 2
     return _reporting_user_errors(lambda: COMMANDS[command](rest))
 

@@ -82,10 +82,19 @@ def _build(cfg: DataConfig, readers, material: dict, entry: Path) -> None:
         for split in SPLITS:  # pass 1: read and clean into a compact TSV
             log.info("reading %s split: %s", split, readers[split].description)
             limit = cfg.max_train_pairs if split == "train" else None
+            written = 0
             with open(tmp / f"{split}.tsv", "w", encoding="utf-8") as out:
                 for src, tgt in clean(readers[split].read(), cfg.cleaning, split == "train",
                                       counts[split], limit):
                     out.write(f"{src}\t{tgt}\n")
+                    written += 1
+            if not written:  # before the tokenizer, which would blame its vocabulary size
+                dropped = "".join(f", {n:,} {why}" for why, n in counts[split].items()
+                                  if why != "read" and n)
+                raise DataError(f"the {split} split of data={cfg.name} is empty: "
+                                f"{readers[split].description} gave {counts[split]['read']:,} "
+                                f"pairs{dropped}; check the files (data.root, data.pattern) "
+                                "and the cleaning filters")
         log.info("training the %s tokenizer (%d pieces)", cfg.tokenizer, cfg.vocab_size)
         train_tokenizer(_sides(tmp / "train.tsv"), cfg.vocab_size, cfg.tokenizer, tmp / "spm.model")
         sp = spm.SentencePieceProcessor(model_file=str(tmp / "spm.model"))

@@ -148,12 +148,35 @@ def load(spec: str, device: str = "cpu") -> Pretrained:
             raise ConfigError(f"hf:{name} is a {config.model_type!r} model; heads-lab reads "
                               f"{', '.join(FAMILIES)} models (their heads mapped onto enc-self, "
                               "dec-self and dec-enc); other families are not supported")
-        model = getattr(transformers, family.model_class).from_pretrained(
-            where, attn_implementation="eager")
-        tokenizer = transformers.AutoTokenizer.from_pretrained(where)
+        try:
+            model = getattr(transformers, family.model_class).from_pretrained(
+                where, attn_implementation="eager")
+        except Exception as err:  # noqa: BLE001 (a broken download: files missing or cut short)
+            raise DataError(f"hf:{name}: its weights cannot be read ({_first(err)}): the files "
+                            "are missing or damaged; download the model again, or save_pretrained "
+                            "it again") from None
+        try:
+            tokenizer = transformers.AutoTokenizer.from_pretrained(where)
+        except Exception as err:  # noqa: BLE001 (as above, for its tokenizer files)
+            raise DataError(f"hf:{name}: its tokenizer cannot be read ({_first(err)}): its "
+                            "tokenizer files are missing or damaged; save the model's tokenizer "
+                            "beside it (tokenizer.save_pretrained) or download it again") from None
+    _check_tokenizer(name, len(tokenizer), config.vocab_size)
     model = model.to(device).eval()
     return Pretrained(name, family, model, Tokens(tokenizer, family.seq2seq), config,
                       family.outs(model))
+
+
+def _check_tokenizer(name: str, pieces: int, vocab: int) -> None:
+    """A tokenizer that is not the model's is refused: transformers builds a BERT tokenizer of 5
+    special tokens where its files are missing, which reads every word as [UNK] (accuracy 0, a
+    full analysis of nothing); one with more pieces than the model has embeddings would index
+    past them. A vocabulary padded a little past the tokenizer's (to a multiple of 8) is fine."""
+    if pieces > vocab or pieces < vocab // 2:
+        raise DataError(f"hf:{name}: its tokenizer has {pieces:,} tokens but the model "
+                        f"{vocab:,} embeddings: the tokenizer files are missing or another "
+                        "model's; save the model's own tokenizer beside it "
+                        "(tokenizer.save_pretrained)")
 
 
 def account(pre: Pretrained, src_len: int = 20, tgt_len: int = 20) -> dict[str, Any]:

@@ -143,7 +143,8 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, fragments):
 
 
 def test_unknown_command(tmp_path):
-    _assert_one_line_error(heads_lab("trian", cwd=tmp_path), "unknown command 'trian'")
+    _assert_one_line_error(heads_lab("trian", cwd=tmp_path),
+                           "unknown command 'trian' (did you mean train?)")
 
 
 def test_a_finished_run_is_never_overwritten(tiny_run_dir, tmp_path):
@@ -694,6 +695,9 @@ def test_info_accounts_a_presets_own_sweep_once_per_distinct_config(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "15 configs shown as 5: configs that differ only outside the model" in proc.stdout
     assert "the [heads, n, m] fp32 tensors" in proc.stdout  # the caption as written, no markup
+    # stdout is a pipe here: every column's header whole, none cut to fit 80 columns
+    assert all(f" model.heads={h} " in proc.stdout for h in (1, 4, 8, 16, 32))
+    assert "…" not in proc.stdout
     rows = json.loads(heads_lab("info", "--json", "+experiment=table_a", cwd=tmp_path).stdout)
     assert [r["config"] for r in rows] == [f"model.heads={h}" for h in (1, 4, 8, 16, 32)]
     assert [r["model"]["d_k"] for r in rows] == [256, 64, 32, 16, 8]

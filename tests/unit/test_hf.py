@@ -270,3 +270,34 @@ def test_a_mistyped_local_dir_is_named_as_a_dir_not_looked_up_on_the_hub(tmp_pat
             _where(name)
     with pytest.raises(DataError, match="hub is unreachable"):  # a hub name stays a hub name
         _where("someone/no-such-model")
+
+
+@pytest.mark.parametrize("family,broken,message", [
+    ("bert", "no weights", r"its weights cannot be read \(.*model\.safetensors"),
+    ("bert", "truncated weights", r"its weights cannot be read \(.*header"),
+    ("marian", "no tokenizer", r"its tokenizer cannot be read"),
+    ("bert", "no tokenizer", r"its tokenizer has 5 tokens but the model 1,000 embeddings"),
+])
+def test_a_pretrained_dir_broken_as_downloads_break_is_one_clear_error(tiny, tmp_path, family,
+                                                                      broken, message):
+    """A save_pretrained dir with its weights missing or cut short, or its tokenizer files
+    missing: a DataError naming what is wrong and the fix (the command prints it in one line,
+    exit 2), never a library traceback; a BERT without its tokenizer files (which transformers
+    replaces by 5 special tokens, every word [UNK]) is refused, not analysed."""
+    import shutil
+
+    from heads_lab.errors import DataError
+
+    where = tmp_path / family
+    shutil.copytree(tiny[family], where)
+    weights = where / "model.safetensors"
+    if broken == "no weights":
+        weights.unlink()
+    elif broken == "truncated weights":
+        weights.write_bytes(weights.read_bytes()[:3000])
+    else:
+        for path in where.iterdir():
+            if path.name.startswith(("tokenizer", "vocab")) or path.suffix == ".spm":
+                path.unlink()
+    with pytest.raises(DataError, match=message):
+        load(f"hf:{where}")

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -346,18 +347,18 @@ def test_seeds_table_joins_per_seed_reports_and_pairs_each_run_with_its_own_seed
     h16 = capsys.readouterr().out.splitlines()[4].strip("| ").split(" | ")
     assert h16[1] == "1 fp32, 3 bf16"
     assert h16[5:] == ["seed 1: -0.77 (0.0509); seed 3: no base run", "-0.77"]
-    with pytest.raises(SystemExit, match="seed 1 of h=4 is in .*seed1.csv and in .*seed1.csv"):
-        script.main([str(one), str(one)])
     other = tmp_path / "other.csv"
     other.write_text(header + "h=4,3,f,2.8,49.0,63.0,base,6000,bf16\n")
-    with pytest.raises(SystemExit, match=r"different base rows \(h=4, h=8\)"):
-        script.main([str(one), str(other)])
     report = tmp_path / "report.csv"
     report.write_text("setting,h,runs,valid PPL,test BLEU\nh=8,8,1,2.8,49.0\n")
-    with pytest.raises(SystemExit, match="is not a heads-lab runs.csv"):
-        script.main([str(report)])
-    with pytest.raises(SystemExit, match="cannot read .*missing.csv"):
-        script.main([str(tmp_path / "missing.csv")])
+    cases = [([one, one], "seed 1 of h=4 is in .*seed1.csv and in .*seed1.csv"),
+             ([one, other], r"different base rows \(h=4, h=8\)"),
+             ([report], "is not a heads-lab runs.csv"),
+             ([tmp_path / "missing.csv"], "cannot read .*missing.csv")]
+    for files, message in cases:  # a user error: one line on stderr, exit 2 (not 1)
+        assert script.main([str(f) for f in files]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and err.startswith("error: ") and re.search(message, err), err
 
 
 def test_hf_tiny_models_without_the_hf_extra_is_one_line(tmp_path, monkeypatch, capsys):
