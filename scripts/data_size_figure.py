@@ -56,10 +56,13 @@ def _number(text: str) -> float:
     return float(text.replace(",", ""))
 
 
-def _mean_std(cell: str) -> tuple[float, float]:
-    """'38.57 ± 0.54' → (38.57, 0.54); '38.57' → (38.57, 0.0)."""
+def _mean_std(cell: str, sd: str | None = None) -> tuple[float, float]:
+    """A report.csv's mean and sd: the column and its ' sd' column ('38.57', '0.54'), or one
+    cell as reports wrote it before ('38.57 ± 0.54'); a single run's sd is 0."""
     parts = cell.split("±")
-    return _number(parts[0]), (_number(parts[1]) if len(parts) > 1 else 0.0)
+    if len(parts) > 1:
+        return _number(parts[0]), _number(parts[1])
+    return _number(parts[0]), (_number(sd) if sd else 0.0)
 
 
 def read(label: str, path: Path, full_pairs: int | None) -> list[Point]:
@@ -78,7 +81,7 @@ def read(label: str, path: Path, full_pairs: int | None) -> list[Point]:
                 raise SystemExit(f"error: {path} has no train pairs column; give the corpus' "
                                  f"training pairs as {label}={path}:PAIRS")
             pairs = max(1, round(float(found.group(1)) * full_pairs))
-        bleu, std = _mean_std(row["test BLEU"])
+        bleu, std = _mean_std(row["test BLEU"], row.get("test BLEU sd"))
         points.append(Point(label, int(row["h"]), pairs, bleu, std, int(row["runs"])))
     return points
 

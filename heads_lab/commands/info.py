@@ -133,8 +133,10 @@ def _print_accounts(columns: list, counts: list[int] | None = None, note: str | 
                           for (label, model, acct), n in zip(columns, counts, strict=True)],
                          indent=2))
         return 0
-    from heads_lab.output.tracking import console, cost_table  # lazy: start-up time (rich)
+    from heads_lab.output.tables import wide_console  # lazy: start-up time (rich)
+    from heads_lab.output.tracking import cost_table  # lazy: start-up time (rich)
 
+    console = wide_console(2000)  # piped (| cat, > file): the whole table, no column cut at 80
     console.print(cost_table(columns))
     if note:
         console.print(note)

@@ -65,7 +65,7 @@ from heads_lab.config.sites import KEPT_COLUMNS, SITES
 from heads_lab.errors import ConfigError
 from heads_lab.output.curves import draw_valid_curves, tight
 from heads_lab.output.files import ensure_writable
-from heads_lab.output.tables import to_rich, wide_console, write_csv, write_markdown
+from heads_lab.output.tables import plain, to_rich, wide_console, write_csv, write_markdown
 from heads_lab.output.trackers import report_to_wandb
 from heads_lab.output.tracking import short_key
 
@@ -144,7 +144,7 @@ def main(args: list[str]) -> int:
             sorted({t for r in runs for t in (r.config.get("tags") or [])}),
             {"report.dirs": sorted({str(r.dir.resolve()) for r in runs}),
              "report.runs": len(runs), "report.varying": table["varying"]},
-            table, pngs, out, opts.wandb_mode)
+            plain(table), pngs, out, opts.wandb_mode)  # numbers, as report.csv
         if where:
             console.print(f"wandb report run: {where} (upload: wandb sync {where})")
     return 0

@@ -68,11 +68,13 @@ def register_configs() -> None:
 
 
 def run_dir_suffix(override_dirname: str, limit: int = 150) -> str:
-    """'_model.heads=8,seed=2' for run dir names ('' without overrides), safe as one path part;
-    a long one is cut and ends in a hash of the whole, so names stay distinct."""
+    """'_model.heads=8,seed=2' for run dir names ('' without overrides), safe as one path part
+    (no separators or spaces, and no quote characters: "eval.head_mask='enc:0:3'" names a dir
+    eval.head_mask=enc:0:3); a long one is cut and ends in a hash of the whole, so names stay
+    distinct."""
     if not override_dirname:
         return ""
-    name = re.sub(r"[/\\\s]+", "-", override_dirname)
+    name = re.sub(r"[/\\\s]+", "-", override_dirname).replace("'", "").replace('"', "")
     if len(name) > limit:
         digest = hashlib.sha1(name.encode()).hexdigest()[:8]
         name = f"{name[: limit - 10]}~{digest}"

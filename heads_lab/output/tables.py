@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from pathlib import Path
 from typing import Any
 
@@ -63,9 +64,10 @@ def write_markdown(path: Path, table: Table | list[tuple[str, Table]],
 
 
 def write_csv(path: Path, table: Table | list[Table]) -> Path:
-    """A table as CSV; several tables as one, their columns' union in order (a cell a table
+    """A table as CSV for programs (`plain`: numbers without thousands separators, a 'mean ±
+    sd' column as two); several tables as one, their columns' union in order (a cell a table
     lacks is empty)."""
-    tables = table if isinstance(table, list) else [table]
+    tables = [plain(t) for t in (table if isinstance(table, list) else [table])]
     header = list(dict.fromkeys(col for t in tables for col in t["header"]))
     buffer = io.StringIO()
     writer = csv.writer(buffer)
@@ -74,3 +76,32 @@ def write_csv(path: Path, table: Table | list[Table]) -> Path:
         writer.writerows([dict(zip(t["header"], r)).get(col, "") for col in header]
                          for r in t["rows"])
     return write_atomic(path, buffer.getvalue())
+
+
+NUMBER = re.compile(r"[+-]?\d{1,3}(,\d{3})+(\.\d+)?|[+-]?\d+(\.\d+)?")  # 7,578,624 or 38.48
+SPREAD = re.compile(r"(\S+) ± (\S+)")  # mean ± sd
+
+
+def plain(table: Table) -> Table:
+    """The table for programs (CSV): a number written with thousands separators ('7,578,624')
+    plain ('7578624'), and a column whose cells are 'mean ± sd' as two columns, '<name>' (the
+    mean) and '<name> sd' (empty for a single run); other text stays as it is (a p cell with its
+    note, '-')."""
+    header, rows = table["header"], table["rows"]
+    spread = {i for i in range(len(header))
+              if any(SPREAD.fullmatch(r[i]) for r in rows if i < len(r))}
+
+    def number(cell: str) -> str:
+        return cell.replace(",", "") if NUMBER.fullmatch(cell) else cell
+
+    out_header, out_rows = [], [[] for _ in rows]
+    for i, name in enumerate(header):
+        out_header += [name, f"{name} sd"] if i in spread else [name]
+        for row, out in zip(rows, out_rows):
+            cell = row[i] if i < len(row) else ""
+            if i in spread:
+                both = SPREAD.fullmatch(cell)
+                out += [number(both.group(1)), number(both.group(2))] if both else [number(cell), ""]
+            else:
+                out.append(number(cell))
+    return {**table, "header": out_header, "rows": out_rows}

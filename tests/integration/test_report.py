@@ -50,7 +50,10 @@ def test_report_table_numbers_and_significance(sweep):
     for row, h in zip(rows, (1, 4)):
         bleus = [r["metrics"]["test/bleu"] for r in by_h[h]]
         assert row["runs"] == "2" and row["h"] == str(h)
-        assert row["test BLEU"] == f"{statistics.fmean(bleus):.2f} ± {statistics.stdev(bleus):.2f}"
+        # for programs: plain numbers, a mean ± sd as two columns (report.md keeps "x ± y")
+        assert row["test BLEU"] == f"{statistics.fmean(bleus):.2f}"
+        assert row["test BLEU sd"] == f"{statistics.stdev(bleus):.2f}"
+        assert int(row["params"]) == by_h[h][0]["metrics"]["cost/params"] > 1000
         assert row["paper BLEU"] == {1: "24.9", 4: "25.5"}[h]  # labelled as the paper's
 
     # two seeds a row: Welch's t over the seeds with the test set's variance, written out

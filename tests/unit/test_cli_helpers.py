@@ -14,6 +14,9 @@ def test_dir_suffix():
     assert _dir_suffix("") == ""
     assert _dir_suffix("model.heads=8,seed=2") == "_model.heads=8,seed=2"
     assert _dir_suffix("data.root=/a/b c") == "_data.root=-a-b-c"
+    # a quoted override (a value holding commas) names its dir without the quotes
+    assert _dir_suffix("eval.head_mask='enc:0:3,dec:1:0'") == "_eval.head_mask=enc:0:3,dec:1:0"
+    assert _dir_suffix('data.pattern="{split}.tsv"') == "_data.pattern={split}.tsv"
     long_a, long_b = "x=" + "1" * 300, "x=" + "1" * 299 + "2"
     assert len(_dir_suffix(long_a)) <= 151 and _dir_suffix(long_a) != _dir_suffix(long_b)
 
