@@ -26,8 +26,6 @@ model.heads) is one setting, so those runs share a row.
 from __future__ import annotations
 
 import argparse
-import math
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -41,7 +39,6 @@ from heads_lab.commands.report_rows import (
     Comparison,
     Row,
     Run,
-    as_written,
     collect,
     comparisons,
     data_sets,
@@ -51,7 +48,6 @@ from heads_lab.commands.report_rows import (
     paper_of,
     params_text,
     stat,
-    swept,
     train_pairs,
 )
 from heads_lab.commands.report_seeds import (
@@ -63,11 +59,10 @@ from heads_lab.commands.report_seeds import (
 )
 from heads_lab.config.sites import KEPT_COLUMNS, SITES
 from heads_lab.errors import ConfigError
-from heads_lab.output.curves import draw_valid_curves, tight
 from heads_lab.output.files import ensure_writable
 from heads_lab.output.tables import plain, to_rich, wide_console, write_csv, write_markdown
 from heads_lab.output.trackers import report_to_wandb
-from heads_lab.output.tracking import short_key
+from heads_lab.report.figures import plot
 
 USAGE = "heads-lab report <dir> [<dir> ...] [--out DIR] [--samples N] [--wandb [--wandb-mode M]]"
 
@@ -269,128 +264,3 @@ def budget_note(rows: list[Row], budgets: list[float]) -> str:
 def budget(run: Run) -> float | None:
     """The run's time budget (trainer.max_time, seconds of updates), or None."""
     return run.results.get("train", {}).get("max_time")
-
-
-def curves(rows: list[Row], varying: list[str]) -> tuple[str | None, dict[str, list[int]]]:
-    """What the quality plot draws: the x setting (the one numeric setting that varies; where
-    several do, the one swept on the command line if the others follow from it, as d_k and h_V
-    follow h_K; else None: the rows side by side) and one line per value of the other varying
-    settings (attention=mha, attention=talking_heads), each as row indices in the order of x.
-    A preset's `report.x` picks the x setting where several numeric ones are swept."""
-    def is_number(value: Any) -> bool:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-    side_by_side: tuple[None, dict[str, list[int]]] = (None, {"": list(range(len(rows)))})
-    numbers = [k for k in varying if all(is_number(row.runs[0].config.get(k)) for row in rows)]
-    on_command_line = swept([run for row in rows for run in row.runs])
-    candidates = numbers if len(numbers) == 1 else [k for k in numbers if k in on_command_line]
-    chosen = rows[0].runs[0].config.get("report.x") if rows else None
-    if chosen in numbers:  # the preset names it (heads_by_data: data size, a line per h)
-        candidates = [chosen]
-    if len(candidates) != 1:
-        return side_by_side
-    x_key = candidates[0]
-    # a line per value of the other settings: the non-numeric ones, or with report.x every other
-    by = [k for k in varying if k != x_key and (chosen == x_key or k not in numbers)]
-    lines: dict[str, list[int]] = {}
-    for i, row in enumerate(rows):
-        label = ",".join(f"{short_key(k)}={as_written(row.runs[0].config.get(k))}" for k in by)
-        lines.setdefault(label, []).append(i)
-    if any(len({rows[i].runs[0].config.get(x_key) for i in order}) != len(order)
-           for order in lines.values()):  # another number varies on its own: no single x
-        return side_by_side
-    for order in lines.values():
-        order.sort(key=lambda i: rows[i].runs[0].config.get(x_key))
-    return x_key, lines
-
-
-def plot(rows: list[Row], varying: list[str], split: str, out: Path) -> list[Path]:
-    """BLEU and PPL against the swept setting (numeric when one numeric setting varies, a line per
-    value of the others), and BLEU against training tokens/s; error bars are the std over seeds."""
-    import matplotlib  # lazy: start-up time (matplotlib), as in every figure module
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # lazy: start-up time (matplotlib), after use("Agg")
-
-    def series(metric: str):
-        values = [[r.metrics[metric] for r in row.runs if r.metrics.get(metric) is not None]
-                  for row in rows]
-        return ([statistics.fmean(v) if v else math.nan for v in values],
-                [statistics.stdev(v) if len(v) > 1 else 0.0 for v in values])
-
-    x_key, lines = curves(rows, varying)
-    numeric = x_key is not None
-    xs = [row.runs[0].config.get(x_key) for row in rows] if numeric else list(range(len(rows)))
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, metric, name in ((axes[0], f"{split}/bleu", f"{split} BLEU"),
-                             (axes[1], "valid/ppl", "valid PPL")):
-        mean, std = series(metric)
-        for label, order in lines.items():
-            ax.errorbar([xs[i] for i in order], [mean[i] for i in order],
-                        [std[i] for i in order], marker="o", capsize=4, label=label or None)
-        if len(lines) > 1:
-            ax.legend(fontsize=8)
-        ax.set_ylabel(name)
-        ax.set_title(f"{name} (mean ± std over seeds)", fontsize=10)
-        ax.set_xlabel(short_key(x_key) if numeric else "setting")
-        if numeric:
-            if min(xs) > 0 and max(xs) / min(xs) >= 8:
-                ax.set_xscale("log", base=2)
-            ticks = sorted(set(xs))  # the settings themselves (0.1, 0.3, 1; 1, 8, 32), not 2^k
-            ax.set_xticks(ticks, [f"{x:g}" for x in ticks])
-            ax.minorticks_off()
-        if not numeric:
-            ax.set_xticks(range(len(rows)), [rows[i].label for i in range(len(rows))],
-                          rotation=30, ha="right", fontsize=8)
-        ax.grid(alpha=0.3)
-    fig.suptitle(f"{len(rows)} rows: " + ", ".join(dict.fromkeys(short_key(k) for k in varying)))
-    tight(fig)
-    first = out / "report_quality.png"
-    fig.savefig(first, dpi=120)
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(5.5, 4))
-    speed, speed_std = series("train/tokens_per_s")
-    cost_name = "training target tokens/s"
-    if all(math.isnan(x) for x in speed):  # e.g. pruned models (heads-lab prune): their size
-        speed, speed_std = series("cost/params")
-        cost_name = "parameters"
-    bleu, bleu_std = series(f"{split}/bleu")
-    ax.errorbar(speed, bleu, yerr=bleu_std, xerr=speed_std, fmt="o", capsize=3)
-    for row, x, y in zip(rows, speed, bleu):
-        ax.annotate(row.label, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
-    ax.set_xlabel(cost_name)
-    ax.set_ylabel(f"{split} BLEU")
-    ax.grid(alpha=0.3)
-    ax.set_title(f"{split} BLEU against {cost_name}", fontsize=10)
-    tight(fig)
-    second = out / "report_quality_vs_cost.png"
-    fig.savefig(second, dpi=120)
-    plt.close(fig)
-    third = plot_valid_curves(rows, out / "report_valid_curves.png")
-    return [first, second] + ([third] if third else [])
-
-
-def valid_curves(rows: list[Row]) -> dict[str, tuple[list[int], list[float]]]:
-    """Each row's validation curve: {label: (steps, valid PPL)}, the mean over the row's runs
-    at the steps every one of them validated (results.json train.valid_history); rows whose
-    runs kept no history are left out."""
-    out = {}
-    for row in rows:
-        histories = [{h["step"]: h["valid/ppl"] for h in r.results.get("train", {}).get(
-            "valid_history") or [] if math.isfinite(h.get("valid/ppl", math.nan))}
-            for r in row.runs]  # a diverged validation (NaN) has no point
-        steps = sorted(set.intersection(*(set(h) for h in histories))) if histories else []
-        if steps:
-            out[row.label] = (steps, [statistics.fmean(h[s] for h in histories) for s in steps])
-    return out
-
-
-def plot_valid_curves(rows: list[Row], path: Path) -> Path | None:
-    """Valid PPL against training step, a line per row (mean over its seeds), log y: where
-    validation stops improving, and whether a step budget cut a row short (its best step is
-    marked). None where no run kept its validation history."""
-    data = valid_curves(rows)
-    seeds = sorted({len(row.runs) for row in rows if row.label in data})
-    return draw_valid_curves(data, path, "valid PPL during training (★ its lowest; mean over "
-                             f"{'/'.join(map(str, seeds))} seed{'s' if seeds != [1] else ''})")

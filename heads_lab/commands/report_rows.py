@@ -18,6 +18,7 @@ from heads_lab.config.variants import VARIANTS, shape_keys
 from heads_lab.errors import DataError
 from heads_lab.output.tracking import flatten, short_key
 from heads_lab.report import runs_csv
+from heads_lab.report.labels import as_written, swept
 
 # Vaswani et al. 2017, Table 3 row (A): WMT14 en-de newstest2013, dev PPL (per wordpiece) / BLEU.
 PAPER = {"table_a": {"key": "model.heads", "label": "Vaswani et al. 2017 Table 3 (A), WMT14 "
@@ -147,18 +148,6 @@ def model_shape(config: dict[str, Any]) -> dict[str, int]:
         return {}
 
 
-def as_written(value: Any) -> str:
-    """A config value as an override writes it (null, true, [enc-self]), not as Python prints
-    it (None, True, ['enc-self'])."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(as_written(v) for v in value) + "]"
-    return str(value)
-
-
 def fill_unset(runs: list[Run]) -> None:
     """Runs of one model from two presets are one row: a shape key that some runs set and others
     leave None (kv_heads 8 in `kv_heads`, None in `table_a`, both with 8 heads) takes, where
@@ -170,13 +159,6 @@ def fill_unset(runs: list[Run]) -> None:
             for run, shape in zip(runs, shapes):
                 if run.config.get(key) is None and key in shape:
                     run.config[key] = shape[key]
-
-
-def swept(runs: list[Run]) -> set[str]:
-    """The settings the runs' own command lines set (results.json's overrides, `+`/`~` dropped),
-    e.g. model.heads_k in `talking_heads_kv`, where model.head_dim and model.heads_v follow it."""
-    return {item.split("=", 1)[0].lstrip("+~") for run in runs
-            for item in run.results.get("overrides", []) if "=" in item}
 
 
 def group(runs: list[Run]) -> tuple[list[Row], list[str]]:

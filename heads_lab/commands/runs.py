@@ -262,8 +262,8 @@ def _check_same_model(saved: dict[str, Any], cfg, path: Path) -> None:
     mha changes no shape) and give that model's numbers. A setting the checkpoint lacks was added
     since it was written, and is passed over, as are those that act in training only
     (TRAINING_ONLY: dropout, a mix's start)."""
-    from heads_lab.commands.report_rows import as_written  # lazy: only here
     from heads_lab.output.tracking import flatten  # lazy: start-up time (rich)
+    from heads_lab.report.labels import as_written  # lazy: only here
 
     old, new = flatten(saved.get("model") or {}), flatten(to_dict(cfg).get("model") or {})
     for key in sorted(set(old) & set(new) - TRAINING_ONLY):

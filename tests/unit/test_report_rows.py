@@ -88,7 +88,7 @@ def test_a_config_without_head_counts_has_no_shape_and_is_shown_as_written():
 
 
 def test_the_quality_plot_draws_a_line_per_attention_kind_against_h():
-    from heads_lab.commands.report import curves
+    from heads_lab.report.figures import curves
 
     runs = ([_run(1, heads=h) for h in (16, 4, 8)]
             + [_run(1, attention="talking_heads", heads=h) for h in (8, 4)])
@@ -114,7 +114,7 @@ def _talking(seed: int, heads_k: int, overrides: list[str]) -> Run:
 def test_the_swept_setting_orders_the_rows_and_is_the_x_axis_where_others_follow_from_it():
     """talking_heads_kv sweeps h_K; d_k = d_model / h_K and h_V = h_K follow. Its base row h_K = 8
     is another preset's runs (talking_heads_h, swept on model.heads)."""
-    from heads_lab.commands.report import curves
+    from heads_lab.report.figures import curves
 
     kv = [_talking(s, k, ["+experiment=talking_heads_kv", f"model.heads_k={k}"])
           for s in (1, 2) for k in (16, 2, 4)]
@@ -137,7 +137,7 @@ def test_the_swept_setting_orders_the_rows_and_is_the_x_axis_where_others_follow
 
 
 def test_no_x_axis_where_a_second_number_varies_on_its_own():
-    from heads_lab.commands.report import curves
+    from heads_lab.report.figures import curves
 
     # two swept numbers (a grid): no single x
     grid = [_run(1, heads=h, kv_heads=k) for h in (4, 8) for k in (1, 2)]
@@ -179,7 +179,7 @@ def test_rows_on_different_amounts_of_data_show_their_training_pairs():
 def test_the_preset_names_the_x_axis_where_two_swept_numbers_vary():
     """heads_by_data sweeps h and the data fraction: without report.x no single x (a grid); with
     it, BLEU against data size, one line per h."""
-    from heads_lab.commands.report import curves
+    from heads_lab.report.figures import curves
 
     runs = [_by_data(1, f, h, 500) for h in (8, 1) for f in (1.0, 0.1, 0.3)]
     rows, varying = group(runs)
