@@ -68,13 +68,20 @@ def plot(rows: list, varying: list[str], split: str, out: Path) -> list[Path]:
     for ax, metric, name in ((axes[0], f"{split}/bleu", f"{split} BLEU"),
                              (axes[1], "valid/ppl", "valid PPL")):
         mean, std = series(metric)
-        for label, order in lines.items():
+        ax.set_title(f"{name} (mean ± std over seeds)", fontsize=10)
+        if all(math.isnan(m) for m in mean):  # e.g. pruned models: no validation of their own
+            ax.text(0.5, 0.5, f"no {name} in these runs", ha="center", va="center",
+                    transform=ax.transAxes, color="0.4")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            continue
+        for label, order in lines.items():  # settings side by side are joined by no line
             ax.errorbar([xs[i] for i in order], [mean[i] for i in order],
-                        [std[i] for i in order], marker="o", capsize=4, label=label or None)
+                        [std[i] for i in order], marker="o", capsize=4, label=label or None,
+                        linestyle="-" if numeric else "none")
         if len(lines) > 1:
             ax.legend(fontsize=8)
         ax.set_ylabel(name)
-        ax.set_title(f"{name} (mean ± std over seeds)", fontsize=10)
         ax.set_xlabel(short_key(x_key) if numeric else "setting")
         if numeric:
             if min(xs) > 0 and max(xs) / min(xs) >= 8:
@@ -83,10 +90,13 @@ def plot(rows: list, varying: list[str], split: str, out: Path) -> list[Path]:
             ax.set_xticks(ticks, [f"{x:g}" for x in ticks])
             ax.minorticks_off()
         if not numeric:
-            ax.set_xticks(range(len(rows)), [rows[i].label for i in range(len(rows))],
+            ax.set_xticks(range(len(rows)), [wrapped(rows[i].label) for i in range(len(rows))],
                           rotation=30, ha="right", fontsize=8)
+            ax.set_xlim(-0.5, len(rows) - 0.5)
         ax.grid(alpha=0.3)
-    fig.suptitle(f"{len(rows)} rows: " + ", ".join(dict.fromkeys(short_key(k) for k in varying)))
+    settings = ", ".join(dict.fromkeys(short_key(k) for k in varying))
+    fig.suptitle(f"{len(rows)} row{'s' if len(rows) != 1 else ''}"
+                 + (f": {settings}" if settings else ""))
     tight(fig)
     first = out / "report_quality.png"
     fig.savefig(first, dpi=120)
@@ -101,17 +111,50 @@ def plot(rows: list, varying: list[str], split: str, out: Path) -> list[Path]:
     bleu, bleu_std = series(f"{split}/bleu")
     ax.errorbar(speed, bleu, yerr=bleu_std, xerr=speed_std, fmt="o", capsize=3)
     for row, x, y in zip(rows, speed, bleu):
-        ax.annotate(row.label, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.annotate(wrapped(row.label), (x, y), fontsize=7, xytext=(3, 3),
+                    textcoords="offset points")
     ax.set_xlabel(cost_name)
     ax.set_ylabel(f"{split} BLEU")
     ax.grid(alpha=0.3)
     ax.set_title(f"{split} BLEU against {cost_name}", fontsize=10)
     tight(fig)
+    inside(ax)
     second = out / "report_quality_vs_cost.png"
     fig.savefig(second, dpi=120)
     plt.close(fig)
     third = plot_valid_curves(rows, out / "report_valid_curves.png")
     return [first, second] + ([third] if third else [])
+
+
+def inside(ax, tries: int = 6) -> None:
+    """Widen the axes' limits until every annotation (a point's label) lies inside them: a label
+    of the rightmost or topmost point crossed the frame."""
+    fig = ax.figure
+    for _ in range(tries):
+        fig.canvas.draw()
+        frame = ax.get_window_extent()
+        boxes = [a.get_window_extent() for a in ax.texts]
+        over_x = max([b.x1 - frame.x1 for b in boxes] + [0.0])
+        over_y = max([b.y1 - frame.y1 for b in boxes] + [0.0])
+        if over_x <= 0 and over_y <= 0:
+            return
+        x0, x1 = ax.get_xlim()
+        y0, y1 = ax.get_ylim()
+        ax.set_xlim(x0, x1 + (x1 - x0) * (over_x / frame.width + 0.02) * (over_x > 0))
+        ax.set_ylim(y0, y1 + (y1 - y0) * (over_y / frame.height + 0.02) * (over_y > 0))
+
+
+def wrapped(label: str, width: int = 18) -> str:
+    """A long row label on several lines, broken after its commas (a tick label of
+    'attention=talking_heads,mixes=weights' squashed the plot into a strip)."""
+    lines, line = [], ""
+    for part in label.split(","):
+        if line and len(line) + 1 + len(part) > width:
+            lines.append(line + ",")
+            line = part
+        else:
+            line = f"{line},{part}" if line else part
+    return "\n".join([*lines, line])
 
 
 def valid_curves(rows: list) -> dict[str, tuple[list[int], list[float]]]:

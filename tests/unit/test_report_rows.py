@@ -709,3 +709,49 @@ def test_a_results_json_report_cannot_read_is_passed_over_and_named(tmp_path):
         ("no_config", "unreadable results.json: it has no config or metrics (not written by "
                       "heads-lab train)"),
         ("text_metric", "unreadable results.json: metrics ['test/bleu'] are not numbers")]
+
+
+def _png_figures(monkeypatch) -> list:
+    """The figures plot() draws, kept open for their artists to be read."""
+    import matplotlib.pyplot as plt
+
+    kept = []
+    monkeypatch.setattr(plt, "close", lambda fig=None: kept.append(fig))
+    return kept
+
+
+def test_report_figures_a_reader_can_trust(tmp_path, monkeypatch):
+    """Settings side by side (no numeric x) are points, not a line joining them; long labels
+    are wrapped, not squashing the plot; a metric no run has (pruned models' valid PPL) is said,
+    not an empty panel with ticks -0.04...0.04; one row is '1 row'; every point label of the
+    cost plot lies inside its frame."""
+    from heads_lab.report.figures import plot
+
+    runs = [_run(s, attention=a, heads=8, mixes=m) for s in (1, 2)
+            for a, m in (("mha", None), ("talking_heads", "weights"), ("talking_heads", "both"))]
+    for i, run in enumerate(runs):
+        run.metrics.update({"train/tokens_per_s": 1000.0 + 37 * i, "test/bleu": 30.0 + i})
+    rows, varying = group(runs)
+    kept = _png_figures(monkeypatch)
+    plot(rows, varying, "test", tmp_path)
+    quality, cost = kept[0], kept[1]
+    bleu_ax, ppl_ax = quality.axes
+    assert all(line.get_linestyle() == "None" for line in bleu_ax.get_lines() if
+               len(line.get_xdata()) == 3)  # three settings side by side: no joining line
+    ticks = [t.get_text() for t in bleu_ax.get_xticklabels()]
+    longest_part = max(len(part) for row in rows for part in row.label.split(","))
+    assert max(len(line) for t in ticks for line in t.split("\n")) <= max(longest_part + 1, 19)
+    assert any("\n" in t for t in ticks)
+    assert [t.get_text() for t in ppl_ax.texts] == ["no valid PPL in these runs"]
+    assert list(ppl_ax.get_yticks()) == []
+    assert quality._suptitle.get_text().startswith("3 rows: ")
+    cost.canvas.draw()
+    frame = cost.axes[0].get_window_extent()
+    for text in cost.axes[0].texts:
+        box = text.get_window_extent()
+        assert box.x1 <= frame.x1 + 0.5 and box.y1 <= frame.y1 + 0.5, text.get_text()
+    kept.clear()
+    one = [_run(1, heads=8)]
+    one[0].metrics.update({"valid/ppl": 6.0})
+    plot(*group(one), "test", tmp_path)
+    assert kept[0]._suptitle.get_text() == "1 row"
