@@ -66,8 +66,10 @@ def read_conllu(path: Path) -> list[Tree]:
     the file and line."""
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"no CoNLL-U file {path}: give a .conllu or .conllu.gz file (e.g. "
-                        "../shared/data/ud-pud/de_pud-ud-test.conllu.gz)")
+        raise DataError(f"no CoNLL-U file {path}: give a .conllu or .conllu.gz file of the "
+                        "model's source language (e.g. $HEADS_LAB_DATA/ud-pud/"
+                        "de_pud-ud-test.conllu.gz for German, en_pud-ud-test.conllu.gz for "
+                        "English)")
     opener = gzip.open if path.suffix == ".gz" else open
     trees: list[Tree] = []
     builder = _Builder(path, 1)
@@ -253,13 +255,15 @@ def _first_missing(text: str, tokens: list[str]) -> str:
     return ""
 
 
-def treebank_split(trees: list[Tree], tokenizer, form: str, ref: str | None, max_len: int):
+def treebank_split(trees: list[Tree], tokenizer, form: str, ref: str | None, max_len: int,
+                   encode_target=None):
     """A treebank's sentences as a split: each tree's `# text` as the source and, with `ref`
     (e.g. "text_en"), its `# <ref> = ...` translation as the target (else empty targets: the
-    encoder alone is measured). Texts and tokens are normalised as the corpus was (`form`,
-    data.cleaning.normalize). Returns (split, its trees, their indices in the file, the
-    sentences left out as {index, sent_id, reason}: no text, no translation, or more than
-    `max_len` subwords on a side)."""
+    encoder alone is measured), encoded by `encode_target` where the target side has its own
+    tokenizer (a Marian translator's), else by `tokenizer`. Texts and tokens are normalised as
+    the corpus was (`form`, data.cleaning.normalize). Returns (split, its trees, their indices
+    in the file, the sentences left out as {index, sent_id, reason}: no text, no translation,
+    or more than `max_len` tokens on a side, as encoded)."""
     kept, indices, left_out, sources, targets = [], [], [], [], []
     for i, tree in enumerate(trees):
         missing = "text" if not tree.text else ref if ref and not tree.comments.get(ref) else None
@@ -272,7 +276,8 @@ def treebank_split(trees: list[Tree], tokenizer, form: str, ref: str | None, max
         sources.append(normalize(tree.text, form))
         targets.append(normalize(tree.comments[ref], form) if ref else "")
     src = tokenizer.encode(sources) if sources else []
-    tgt = tokenizer.encode(targets) if ref and sources else [[] for _ in sources]
+    tgt = (encode_target or tokenizer.encode)(targets) if ref and sources else \
+        [[] for _ in sources]
     too_long = {j for j in range(len(kept)) if max(len(src[j]), len(tgt[j])) > max_len}
     for j in sorted(too_long):
         left_out.append({"index": indices[j], "sent_id": kept[j].sent_id,

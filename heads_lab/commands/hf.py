@@ -58,8 +58,15 @@ def _device(run):
 
 
 def _out(pre: Pretrained, kind: str, overrides: list[str]) -> Path:
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "-", pre.name.strip("/")).strip("-") or "model"
-    return runs.output_dir(Path("outputs") / "hf" / safe, kind, overrides)
+    """outputs/hf/<the model's name as one path part>/<kind>/...: hf:. and hf:.. are named by
+    the dir they mean (as one part they would climb out of outputs/hf)."""
+    def part(text: str) -> str:
+        return re.sub(r"[^A-Za-z0-9._-]+", "-", text.strip("/")).strip("-")
+
+    safe = part(pre.name)
+    if not safe.strip("."):
+        safe = part(Path(pre.name).expanduser().resolve().name).strip(".")
+    return runs.output_dir(Path("outputs") / "hf" / (safe or "model"), kind, overrides)
 
 
 def _texts(run, overrides: list[str], split: str) -> tuple[list[str], list[str] | None] | None:

@@ -51,19 +51,21 @@ def source(pre: Pretrained, cfg, texts: tuple[list[str], list[str] | None] | Non
            form: str = "NFC") -> Source:
     """What is analysed: analysis.treebank's sentences, or `texts` (sources, references) of a
     data set's split. A translator's references are encoded as its labels."""
-    max_len = int(getattr(pre.config, "max_position_embeddings", 512)) - 2
+    # the positions a sequence may take: its tokens as encoded, special ones ([CLS] [SEP], </s>)
+    # included (they were counted twice: a BERT sentence of 511 or 512 tokens was left out)
+    max_len = int(getattr(pre.config, "max_position_embeddings", 512))
     if cfg.treebank:
         trees = read_conllu(Path(cfg.treebank))
         trees = trees[:cfg.max_sentences] if cfg.max_sentences else trees
-        split, kept, indices, left_out = treebank_split(trees, pre.tokens, form,
-                                                        cfg.treebank_ref, max_len)
-        if cfg.treebank_ref and pre.family.seq2seq:
-            split.tgt = pre.tokens.encode_target(split.tgt_text)
+        split, kept, indices, left_out = treebank_split(
+            trees, pre.tokens, form, cfg.treebank_ref, max_len,
+            pre.tokens.encode_target if pre.family.seq2seq else None)  # English by its own
         return Source(f"treebank {Path(cfg.treebank).name}", split, split.src_text, kept,
                       indices, left_out, "treebank", str(cfg.treebank))
     if texts is None:
-        raise ConfigError("analyze hf:...: give analysis.treebank=<CoNLL-U file> (e.g. "
-                          "../shared/data/ud-pud/de_pud-ud-test.conllu.gz), or a data set "
+        raise ConfigError("analyze hf:...: give analysis.treebank=<CoNLL-U file> of the model's "
+                          "(source) language (e.g. $HEADS_LAB_DATA/ud-pud/en_pud-ud-test.conllu.gz "
+                          "for English, de_pud-ud-test.conllu.gz for German), or a data set "
                           "(data=multi30k) and analysis.split")
     src_text, tgt_text = texts
     n = len(src_text) if cfg.max_sentences is None else min(cfg.max_sentences, len(src_text))

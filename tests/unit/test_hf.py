@@ -301,3 +301,44 @@ def test_a_pretrained_dir_broken_as_downloads_break_is_one_clear_error(tiny, tmp
                 path.unlink()
     with pytest.raises(DataError, match=message):
         load(f"hf:{where}")
+
+
+def test_hf_dot_and_dot_dot_write_under_outputs_hf_by_the_dirs_name(tmp_path, monkeypatch):
+    """`analyze hf:.` or `hf:..` (a model in the working dir or above it): the outputs go to
+    outputs/hf/<that dir's name>/, never outputs/hf/.. (outputs/ itself) or outputs/hf/."""
+    from types import SimpleNamespace
+
+    from heads_lab.commands.hf import _out
+
+    here = tmp_path / "models" / "bert"
+    here.mkdir(parents=True)
+    monkeypatch.chdir(here)
+    for name, want in ((".", "bert"), ("..", "models"), ("Helsinki-NLP/opus-mt-de-en",
+                                                          "Helsinki-NLP-opus-mt-de-en")):
+        out = _out(SimpleNamespace(name=name), "analysis", ["x=1"])
+        assert out.parts[:3] == ("outputs", "hf", want) and ".." not in out.parts, out
+        assert (here / out).resolve().is_relative_to(here / "outputs" / "hf" / want)
+
+
+def test_a_sentence_that_fills_the_models_positions_is_analysed_and_one_more_is_not(tiny,
+                                                                                    tmp_path):
+    """BERT's length limit counts [CLS] and [SEP] once: a treebank sentence of 254 words of one
+    token each is 256 tokens with them, exactly the tiny BERT's 256 positions, and is kept; 255
+    words are left out, saying why (the limit was 2 short: [CLS]/[SEP] counted twice)."""
+    from types import SimpleNamespace
+
+    pre = load(f"hf:{tiny['bert']}")
+    assert pre.config.max_position_embeddings == 256 and len(pre.tokens.encode(["a a"])[0]) == 4
+
+    def sentence(i: int, words: int) -> str:
+        rows = "".join(f"{k}\ta\ta\tDET\t_\t_\t{0 if k == 1 else 1}\t{'root' if k == 1 else 'det'}"
+                       f"\t_\t_\n" for k in range(1, words + 1))
+        return f"# sent_id = s{i}\n# text = {' '.join(['a'] * words)}\n{rows}\n"
+
+    path = tmp_path / "long.conllu"
+    path.write_text(sentence(1, 254) + sentence(2, 255), encoding="utf-8")
+    cfg = SimpleNamespace(treebank=str(path), max_sentences=None, treebank_ref=None)
+    got = source(pre, cfg, None)
+    assert [len(ids) for ids in got.split.src] == [256]
+    assert [x["sent_id"] for x in got.left_out] == ["s2"]
+    assert "over 256" in got.left_out[0]["reason"]

@@ -161,8 +161,11 @@ def test_unreadable_treebank_files_are_named(tmp_path):
     broken.write_bytes(b"not gzip at all")
     with pytest.raises(DataError, match="cannot read .*broken.conllu.gz"):
         read_conllu(broken)
-    with pytest.raises(DataError, match="no CoNLL-U file"):
+    with pytest.raises(DataError, match="no CoNLL-U file") as err:
         read_conllu(tmp_path / "missing.conllu.gz")
+    # the example is where the data is for anyone ($HEADS_LAB_DATA), for either language
+    assert "$HEADS_LAB_DATA/ud-pud/" in str(err.value) and "../shared" not in str(err.value)
+    assert "en_pud-ud-test.conllu.gz for English" in str(err.value)
 
 
 @pytest.mark.skipif(not PUD.is_file(), reason="PUD German not found: set HEADS_LAB_DATA to the "
