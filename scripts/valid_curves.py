@@ -87,6 +87,15 @@ def history(run: Path | str) -> tuple[list[dict[str, float]], str]:
 LINE_STYLES = ("solid", "dashed", "dotted", "dashdot")
 
 
+def palette(i: int) -> str:
+    """The i-th line colour: matplotlib's ten, then tab20's others (never a colour twice)."""
+    from matplotlib import colormaps, colors  # lazy: start-up time (matplotlib)
+
+    if i < 10:
+        return f"C{i}"
+    return colors.to_hex(colormaps["tab20"](((i - 10) * 2 + 1) % 20 / 20 + 0.025))
+
+
 def line_style(label: str, styles: list[tuple[str, str]]) -> str:
     """The style of the first (TEXT, STYLE) whose TEXT the label holds; solid where none."""
     return next((style for text, style in styles if text in label), "solid")
@@ -118,10 +127,14 @@ def main(argv: list[str] | None = None) -> int:
         if style not in LINE_STYLES:
             raise SystemExit(f"valid_curves: --style STYLE '{style}' is not one of "
                              f"{', '.join(LINE_STYLES)}")
-    data, rows, styles, colours = {}, [], {}, {}
+    data, rows, styles, colours, drawn = {}, [], {}, {}, set()
     for label, run in opts.run:
-        colour = colours.setdefault(label.split(",")[0], f"C{len(colours)}")
-        style = {"color": colour, "linestyle": line_style(label, opts.style)}
+        colour = colours.setdefault(label.split(",")[0], palette(len(colours)))
+        linestyle = line_style(label, opts.style)
+        if (colour, linestyle) in drawn:  # two lines alike: the later one a colour of its own
+            colour = colours[f"{label} (own colour)"] = palette(len(colours))
+        drawn.add((colour, linestyle))
+        style = {"color": colour, "linestyle": linestyle}
         points, source = history(run)
         points = [p for p in points if math.isfinite(p["valid/ppl"])]
         if not points:

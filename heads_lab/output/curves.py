@@ -14,8 +14,9 @@ def draw_valid_curves(data: dict[str, tuple[list[int], list[float]]], path: Path
     each line's lowest point starred, drawn whole at the axes' edge (report.plot_valid_curves:
     a row's mean over its seeds; scripts/valid_curves.py: one run each). styles: a label's own
     line settings (color, linestyle); legend_below: the legend under the axes, off every line;
-    ymax: the axis' top (else the lines' ends readable: at most 3× the lowest point). None where
-    no label has two points."""
+    ymax: the axis' top (else the lines' ends readable: 3× the lowest point, raised so that at
+    least half of every line's points show, its rise included). None where no label has two
+    points."""
     import matplotlib  # lazy: start-up time (matplotlib), as in every figure module
 
     matplotlib.use("Agg")
@@ -35,7 +36,8 @@ def draw_valid_curves(data: dict[str, tuple[list[int], list[float]]], path: Path
     low = min(min(ppl) for _, ppl in data.values())
     high = max(max(ppl) for _, ppl in data.values())
     # the end of training readable (early, high PPL off the top), every row's best point shown
-    top = ymax or min(high, max(3 * low, max(min(ppl) for _, ppl in data.values()))) * 1.03
+    half = max(sorted(ppl)[(len(ppl) - 1) // 2] for _, ppl in data.values())  # each line's median
+    top = ymax or min(high, max(3 * low, half)) * 1.03
     ax.set_ylim(low / 1.06, top)  # room below the lowest star
     ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
     ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))

@@ -310,3 +310,25 @@ def test_prune_curve_ppl_axis_reads_as_plain_numbers(tmp_path, monkeypatch):
     _, decade = _ppl_tick_labels(tmp_path, monkeypatch, [5.0, 12.0, 60.0])
     assert {"5", "10", "20", "50"} <= set(decade), decade
 
+
+
+def test_valid_curves_show_at_least_half_of_every_lines_points(tmp_path, monkeypatch):
+    """A run whose valid PPL rises (100 → 1,000, diverging) beside one that settles near 5: the
+    axis' top was 3× the lowest point (15), which hid the whole rise; now at least half of every
+    line's points are inside the axes, and the label says the top is cut."""
+    import matplotlib.pyplot as plt
+
+    from heads_lab.output.curves import draw_valid_curves
+
+    kept = []
+    monkeypatch.setattr(plt, "close", lambda fig=None: kept.append(fig))
+    steps = list(range(100, 1100, 100))
+    rising = [100.0 * 1.29 ** i for i in range(10)]
+    settling = [60 / (i + 1) + 5 for i in range(10)]
+    draw_valid_curves({"rising": (steps, rising), "settling": (steps, settling)},
+                      tmp_path / "curves.png", "two runs")
+    ax = kept[0].axes[0]
+    low, top = ax.get_ylim()
+    for ppl in (rising, settling):
+        assert sum(low <= p <= top for p in ppl) >= len(ppl) / 2
+    assert "cut at the top" in ax.get_ylabel()

@@ -435,3 +435,33 @@ def test_seed_aware_p_puts_the_published_p_beside_the_one_over_seeds(tmp_path, c
     assert line.endswith(f"| 0.0060 | {p:.4f} (seeds only) |")
     (line,) = [x for x in out if "| table_a_tatoeba/fp32_seed_1 | h=4 |" in x]
     assert line.endswith("| – (one seed a side, its translations gone) |")
+
+
+def test_valid_curves_never_draws_two_lines_alike(tmp_path, monkeypatch):
+    """Lines whose labels begin alike share a colour, told apart by --style; two that would be
+    drawn alike (same colour, same style: 'h = 8, seed 1' and 'h = 8, seed 1 again', no style
+    for either) get colours of their own, as do the 11th and later groups (matplotlib's cycle
+    has ten)."""
+    import json
+
+    import matplotlib.axes
+
+    script = _script("valid_curves")
+    drawn = []
+    plot = matplotlib.axes.Axes.plot
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", lambda ax, *a, **k: drawn.append(k) or
+                        plot(ax, *a, **k))
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.json").write_text(json.dumps({"train": {"valid_history": [
+        {"step": 100 * i, "valid/loss": 3.0 - 0.1 * i, "valid/ppl": 20.0 - i}
+        for i in range(1, 4)]}}))
+    labels = ["h = 8, seed 1", "h = 8, seed 1 again", "h = 8, seed 2"] + [f"h = {h}" for h in
+                                                                         range(20, 32)]
+    argv = ["--out", str(tmp_path / "c.png"), "--style", "seed 2", "dashed"]
+    for label in labels:
+        argv += ["--run", label, str(run)]
+    assert script.main(argv) == 0
+    lines = [(k["color"], k.get("linestyle")) for k in drawn if "label" in k]
+    assert len(lines) == len(labels) and len(set(lines)) == len(lines)
+    assert lines[0][0] == lines[2][0] and lines[2][1] == "dashed"  # seed 2: its group's colour
