@@ -338,9 +338,11 @@ def plot_curves(curves: dict[str, list[dict]], path: Path, split: str,
     for ax in axes:
         ax.set_xlabel("% of the heads (in that attention type) pruned")
         ax.grid(alpha=0.3)
-        ax.legend()
+    # one legend under both panels: inside one it covered a curve (the all-sites line)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=len(curves),
+               frameon=False, fontsize=9)
     fig.suptitle("Iterative pruning by head importance (Michel et al. 2019)")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path

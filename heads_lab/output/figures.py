@@ -265,11 +265,13 @@ def distance_matrices(distances: Mapping[str, Sequence[Sequence[float]]],
     if sites:
         fig, ax = plt.subplots(figsize=(6, 4), layout="constrained")
         most, top = 0, 0.0
-        for site in sites:
+        for i, site in enumerate(sites):  # each site its marker, a little apart: none hidden
             values = [math.nan if v is None else float(v) for v in diversity[site]]
             most = max(most, len(values))
             top = max([top] + [v for v in values if math.isfinite(v)])
-            ax.plot(range(len(values)), values, marker="o", color=SITE_COLOURS[site],
+            shift = (i - (len(sites) - 1) / 2) * 0.08
+            ax.plot([layer + shift for layer in range(len(values))], values,
+                    marker=SITE_MARKERS[site], color=SITE_COLOURS[site],
                     label=_text((titles or {}).get(site, site)))
         ax.set_xticks(range(most))
         ax.set_xlabel("layer")
@@ -321,8 +323,11 @@ def head_map(coords: Mapping[str, Sequence[Sequence[float]]], layers: Mapping[st
             part = xy[layer * heads:(layer + 1) * heads]
             ax.scatter(part[:, 0], part[:, 1], color=colours[layer], marker=SITE_MARKERS[site],
                        s=36, edgecolors="#333333", linewidths=0.4)
-            for head, (x, y) in enumerate(part):
-                ax.annotate(f"L{layer}H{head}", (x, y), fontsize=5.5, xytext=(3, 2),
+            for head, (x, y) in enumerate(part):  # labels turn inwards near the right/top edge
+                right, high = x > centre[0] + 0.4 * half, y > centre[1] + 0.6 * half
+                ax.annotate(f"L{layer}H{head}", (x, y), fontsize=5.5,
+                            xytext=(-3 if right else 3, -2 if high else 2),
+                            ha="right" if right else "left", va="top" if high else "bottom",
                             textcoords="offset points", color="#333333")
         ax.set_title(_text((titles or {}).get(site, site)), fontsize=9)
         ax.set_xlim(centre[0] - half, centre[0] + half)

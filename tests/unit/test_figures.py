@@ -332,3 +332,64 @@ def test_valid_curves_show_at_least_half_of_every_lines_points(tmp_path, monkeyp
     for ppl in (rising, settling):
         assert sum(low <= p <= top for p in ppl) >= len(ppl) / 2
     assert "cut at the top" in ax.get_ylabel()
+
+
+def test_prune_curves_legend_covers_no_curve(tmp_path, monkeypatch):
+    """Michel's figure with every site's curve and the all-sites one: the legend lies under the
+    panels, over no axes (inside one it covered the all-sites curve)."""
+    import matplotlib.pyplot as plt
+
+    from heads_lab.commands.prune import plot_curves
+
+    kept = []
+    monkeypatch.setattr(plt, "close", kept.append)
+    curves = {name: [{"fraction": f, "bleu": 38 - 20 * f * (1 + k), "ppl": 6 + 30 * f * (1 + k)}
+                     for f in (0.0, 0.25, 0.5, 0.75, 1.0)]
+              for k, name in enumerate(("enc-self", "dec-self", "dec-enc", "all sites"))}
+    plot_curves(curves, tmp_path / "curve.png", "test")
+    fig = kept[0]
+    fig.canvas.draw()
+    (legend,) = fig.legends
+    box = legend.get_window_extent()
+    assert [t.get_text() for t in legend.get_texts()] == list(curves)
+    for ax in fig.axes:
+        assert ax.get_legend() is None
+        assert not box.overlaps(ax.get_window_extent()), ax.get_ylabel()
+
+
+def _kept_figures(monkeypatch) -> list:
+    import matplotlib.pyplot as plt
+
+    kept = []
+    monkeypatch.setattr(plt, "close", lambda fig=None: kept.append(fig))
+    return kept
+
+
+def test_head_map_labels_stay_inside_their_panel(tmp_path, monkeypatch):
+    """Heads at the map's right and top edges: their L{layer}H{head} labels turn inwards, so
+    every label lies inside its panel's frame (they crossed it)."""
+    kept = _kept_figures(monkeypatch)
+    corners = [[x, y] for x in (-1.0, 0.0, 1.0) for y in (-1.0, 0.0, 1.0)] + [[0.9, 0.95],
+                                                                             [1.0, -0.2],
+                                                                             [0.2, 1.0]]
+    figures.head_map({"enc-self": corners[:12]}, {"enc-self": 3}, tmp_path)
+    fig = kept[0]
+    fig.canvas.draw()
+    (ax,) = [a for a in fig.axes if a.texts]
+    frame = ax.get_window_extent()
+    for text in ax.texts:
+        box = text.get_window_extent()
+        assert frame.x0 <= box.x0 and box.x1 <= frame.x1, text.get_text()
+        assert frame.y0 <= box.y0 and box.y1 <= frame.y1, text.get_text()
+
+
+def test_head_diversity_hides_no_point_under_another(tmp_path, monkeypatch):
+    """Two sites with the same diversity at a layer: each has its own marker and they stand a
+    little apart, so neither point hides the other."""
+    kept = _kept_figures(monkeypatch)
+    figures.distance_matrices({}, {"enc-self": [0.2, 0.3], "dec-enc": [0.2, 0.1]}, tmp_path)
+    (ax,) = kept[0].axes
+    lines = [line for line in ax.get_lines() if line.get_label() in ("enc-self", "dec-enc")]
+    assert len({line.get_marker() for line in lines}) == 2
+    first = {(line.get_xdata()[0], line.get_ydata()[0]) for line in lines}
+    assert len(first) == 2  # layer 0, both 0.2: two places
