@@ -161,6 +161,7 @@ class Tracker:
             TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
             TimeElapsedColumn(), TextColumn("ETA"), _Remaining(),
             console=console, transient=False,
+            disable=not console.is_terminal,  # piped: the plain progress lines alone, no bar
         )
         self.progress.start()
         self.task = self.progress.add_task("train", total=total_steps, loss="-", tps="-")
@@ -189,15 +190,20 @@ class Tracker:
     def progress_line(self, step: int, metrics: dict[str, float]) -> str:
         """One line every trainer.log_every steps, for train.log and a non-interactive stdout
         (a SLURM .out file, nohup, CI), as fairseq writes: step/max, loss, lr, tokens/s,
-        elapsed and ETA (from the pace since the first such line, so a resumed run's too; under
-        trainer.max_time, the budget's seconds left where they end the run first)."""
+        elapsed and ETA (from the pace since the first such line, so a resumed run's too, and on
+        the first line from the updates' pace so far; under trainer.max_time, the budget's
+        seconds left where they end the run first)."""
         now = time.monotonic()
         if self.first is None:
             self.first = (step, now)
         done, spent = step - self.first[0], now - self.first[1]
         total = self.total if self.total else None
         left = ([0.0] if total and step >= total  # the last step: nothing left, pace or not
-                else [spent / done * (total - step)] if total and done > 0 else [])
+                else [spent / done * (total - step)] if total and done > 0
+                # the first line: the updates' own pace so far (train/seconds, kept across
+                # resumes), not yet the wall clock's (it said "ETA ?")
+                else [metrics["train/seconds"] / step * (total - step)]
+                if total and step > 0 and metrics.get("train/seconds") else [])
         if self.max_time is not None and "train/seconds" in metrics:  # a time budget ends it first?
             left.append(max(self.max_time - metrics["train/seconds"], 0.0))
         eta = clock(min(left)) if left else "?"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
 
 import numpy as np
@@ -100,6 +101,10 @@ def test_the_last_steps_line_has_nothing_left_even_as_the_first_line(monkeypatch
     assert tracker.progress_line(30, metrics).endswith(f"ETA {clock(0)}")
     tracker.first, tracker.total = None, 100
     assert tracker.progress_line(10, metrics).endswith("ETA ?")
+    # the first line of a run: the updates' own pace so far (20 s for 10 steps, 90 to go)
+    tracker.first = None
+    assert tracker.progress_line(10, {**metrics, "train/seconds": 20.0}).endswith(
+        f"ETA {clock(180)}")
 
 
 def test_a_tracker_has_its_progress_fields_before_start(tmp_path):
@@ -131,7 +136,8 @@ def test_the_progress_bars_last_line_is_where_training_stopped(tmp_path):
     out = io.StringIO()
     tracker = tracking.Tracker(LoggerConfig(name="recorder"), tmp_path, "run", {})
     original = tracking.console
-    tracking.console = Console(file=out, width=200, force_terminal=False, markup=False)
+    tracking.console = Console(file=out, width=200, force_terminal=True, color_system=None,
+                               markup=False)  # a terminal: piped output has no bar
     try:
         tracker.start(1000)
         tracker.log(130, {"train/loss": 3.0, "train/lr": 1e-3, "train/tokens_per_s": 4000.0,
@@ -144,7 +150,9 @@ def test_the_progress_bars_last_line_is_where_training_stopped(tmp_path):
         tracker.stop_progress(200)
     finally:
         tracking.console = original
-    stopped, ended = [line for line in out.getvalue().splitlines() if line.startswith("train")]
+    shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue())  # a terminal's: no codes
+    last = [chunk.split("\r")[-1] for chunk in shown.split("\n")]  # each bar's final state
+    stopped, ended = [line for line in last if line.startswith("train")]
     # stopped short: no estimate left of the steps it will never take; at its end: nothing left
     assert "step 137/1000" in stopped and stopped.rstrip().endswith("ETA -:--:--")
     assert "step 200/200" in ended and ended.rstrip().endswith("ETA 0:00:00")
