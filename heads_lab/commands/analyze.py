@@ -135,7 +135,7 @@ def _heatmaps(result: dict, sentences, chosen_sentences, chosen, tok, out: Path)
     pngs = []
     for i in chosen_sentences:
         sent = sentences[i]
-        src, tgt = tok.pieces(sent.src[:-1]) + ["</s>"], ["<s>"] + tok.pieces(sent.tgt_in[1:])
+        src, tgt = token_labels(sent, tok)
         tokens = {"src": src, "tgt": tgt}
         axes = {name: (tokens[s.query], tokens[s.key]) for name, s in SITE.items()}
         for (site, layer), heads in chosen.items():
@@ -152,10 +152,19 @@ def _heatmaps(result: dict, sentences, chosen_sentences, chosen, tok, out: Path)
     return pngs
 
 
+def token_labels(sent, tok) -> tuple[list[str], list[str]]:
+    """A sentence's source and target tokens as the figures and head view label them. A
+    pretrained model's (its tokenizer has `seq2seq`) are its own pieces, special ones included
+    as it has them ([CLS] ... [SEP]; Marian's </s> and decoder start); an encoder has no
+    target. heads-lab's own: the pieces, the source's end </s> and the target's start <s>."""
+    if hasattr(tok, "seq2seq"):
+        return tok.pieces(sent.src), tok.pieces(sent.tgt_in) if len(sent.tgt_in) else []
+    return tok.pieces(sent.src[:-1]) + ["</s>"], ["<s>"] + tok.pieces(sent.tgt_in[1:])
+
+
 def _head_views(result: dict, first, tok, out: Path) -> list[Path]:
     """The interactive head view of the first chosen sentence (and bertviz's, where installed)."""
-    src = tok.pieces(first.src[:-1]) + ["</s>"]
-    tgt = ["<s>"] + tok.pieces(first.tgt_in[1:])
+    src, tgt = token_labels(first, tok)
     talking = [s for s, k in result["map_kind"].items() if k != "head"]
     view_title = "heads-lab head view" + (f" ({', '.join(talking)}: talking heads, the maps of "
                                           f"the {KIND_NAMES['softmax']})" if talking else "")

@@ -95,7 +95,8 @@ def info_hf(names: list[str], as_json: bool) -> int:
             ["heads (enc / dec-self / dec-enc)",
              *[" / ".join(str(v) for v in r["heads"].values()) for r in rows]],
             ["d_model", *[str(r["d_model"]) for r in rows]],
-            ["d_k = d_model / h", *[str(r["d_k"]) for r in rows]],
+            ["d_k = d_model / h (per site, as heads)",
+             *[" / ".join(str(v) for v in r["d_k"].values()) for r in rows]],
             ["parameters", *[f"{r['params']:,}" for r in rows]],
             ["  of them attention", *[f"{r['params_attention']:,}" for r in rows]],
             ["MFLOP per token (forward)", *[f"{r['flops_per_token'] / 1e6:,.1f}" for r in rows]]]

@@ -33,7 +33,8 @@ class Family:
     outs: Callable[[Any], dict[tuple[str, int], Any]]  # model → (site, layer) → output projection
     heads: Callable[[Any], dict[str, int]]  # config → heads per site
     d_model: Callable[[Any], int]
-    attentions: Callable[[Any], list]  # model → its attention modules (their parameters counted)
+    attentions: Callable[[Any], list]  # model → its attention projections (their parameters
+    # counted: queries, keys, values and the output, not a LayerNorm a family keeps beside them)
 
 
 def _marian_outs(model) -> dict[tuple[str, int], Any]:
@@ -57,7 +58,8 @@ FAMILIES = {
                    lambda m: {("enc-self", i): layer.attention.output.dense
                               for i, layer in enumerate(m.bert.encoder.layer)},
                    lambda c: {"enc-self": c.num_attention_heads}, lambda c: c.hidden_size,
-                   lambda m: [layer.attention for layer in m.bert.encoder.layer]),
+                   lambda m: [part for layer in m.bert.encoder.layer  # (not its LayerNorm)
+                              for part in (layer.attention.self, layer.attention.output.dense)]),
     "distilbert": Family("distilbert", "DistilBertForMaskedLM", False,
                          lambda m: {("enc-self", i): layer.attention.out_lin
                                     for i, layer in enumerate(m.distilbert.transformer.layer)},
@@ -198,7 +200,8 @@ def account(pre: Pretrained, src_len: int = 20, tgt_len: int = 20) -> dict[str, 
     layers = {site: pre.layers(site) for site in heads}
     return {"name": f"hf:{pre.name}", "family": pre.family.name,
             "layers": f"{layers['enc-self']}+{layers.get('dec-self', 0)}",
-            "heads": heads, "d_model": pre.d_model, "d_k": pre.d_model // heads["enc-self"],
+            "heads": heads, "d_model": pre.d_model,
+            "d_k": {site: pre.d_model // n for site, n in heads.items()},
             "params": sum(p.numel() for p in pre.model.parameters()),
             "params_attention": sum(p.numel() for m in pre.family.attentions(pre.model)
                                     for p in m.parameters()),

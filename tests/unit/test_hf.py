@@ -172,7 +172,12 @@ def test_info_counts_parameters_and_flops_like_the_library(tiny):
         pre = load(f"hf:{path}")
         row = account(pre)
         assert row["params"] == pre.model.num_parameters()
-        assert row["family"] == family and row["d_k"] == row["d_model"] // 4
+        assert row["family"] == family
+        assert row["d_k"] == {site: row["d_model"] // n for site, n in row["heads"].items()}
+        # queries, keys, values and output of every attention layer, weights and biases, and
+        # nothing else (BERT's attention block holds a LayerNorm too: not counted)
+        d, modules = row["d_model"], sum(pre.layers(site) for site in row["heads"])
+        assert row["params_attention"] == modules * 4 * (d * d + d)
         ids = torch.full((1, 20), 5)
         kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
         if pre.family.seq2seq:
@@ -342,3 +347,23 @@ def test_a_sentence_that_fills_the_models_positions_is_analysed_and_one_more_is_
     assert [len(ids) for ids in got.split.src] == [256]
     assert [x["sent_id"] for x in got.left_out] == ["s2"]
     assert "over 256" in got.left_out[0]["reason"]
+
+
+def test_a_pretrained_models_head_view_is_labelled_with_its_own_tokens(tiny):
+    """BERT's maps are labelled [CLS] ... [SEP] as the model reads them (not heads-lab's </s>,
+    and no target <s> for an encoder); Marian's source ends in its own </s> and its target
+    starts with its decoder start token."""
+    from heads_lab.analysis.maps import Sentence
+    from heads_lab.commands.analyze import token_labels
+
+    bert = load(f"hf:{tiny['bert']}")
+    (ids,) = bert.tokens.encode(["a man"])
+    src, tgt = token_labels(Sentence(ids, [], {}), bert.tokens)
+    assert src[0] == "[CLS]" and src[-1] == "[SEP]" and len(src) == len(ids) and tgt == []
+    marian = load(f"hf:{tiny['marian']}")
+    (ids,) = marian.tokens.encode(["Ein Mann"])
+    (ref,) = marian.tokens.encode_target(["A man"])
+    tgt_in = [marian.config.decoder_start_token_id] + ref[:-1]
+    src, tgt = token_labels(Sentence(ids, tgt_in, {}), marian.tokens)
+    assert src[-1] == "</s>" and len(src) == len(ids)
+    assert tgt == marian.tokens.pieces(tgt_in) and len(tgt) == len(tgt_in)
