@@ -28,6 +28,7 @@ from heads_lab.analysis import analyze
 from heads_lab.commands import runs
 from heads_lab.commands.runs import Command
 from heads_lab.config.sites import SITE
+from heads_lab.config.unread import unread_analysis_settings
 from heads_lab.errors import ConfigError
 from heads_lab.hf import is_hf
 from heads_lab.model.heads import KIND_NAMES, attention_modules, head_kinds, map_kind, parse_head_mask
@@ -69,6 +70,8 @@ def main(args: list[str]) -> int:
     run_dir, overrides, t = opened
     run, model, corpus, device = t.run, t.model, t.corpus, t.device
     cfg = run.analysis
+    for warning in unread_analysis_settings(overrides, cfg, pretrained=False):
+        log.warning(warning)
     modules = attention_modules(model)
     # heatmaps draw attention maps: their heads are the maps' kind (softmax heads, h of them)
     map_heads = {key: head_kinds(m)[map_kind(m)] for key, m in modules.items()}

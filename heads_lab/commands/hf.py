@@ -21,7 +21,7 @@ from heads_lab.commands import runs
 from heads_lab.commands.analyze import _check_sentences, publish
 from heads_lab.config.compose import cache_dir, compose, to_object
 from heads_lab.config.sites import parse_head_mask
-from heads_lab.config.unread import unread_prune_settings
+from heads_lab.config.unread import unread_analysis_settings, unread_prune_settings
 from heads_lab.config.validate import validate
 from heads_lab.errors import ConfigError
 from heads_lab.hf import analysis as hf_analysis
@@ -109,6 +109,8 @@ def info_hf(names: list[str], as_json: bool) -> int:
 def analyze_hf(spec: str, args: list[str], started: float) -> int:
     run = _config("analyze", args)
     cfg = run.analysis
+    for warning in unread_analysis_settings(args, cfg, pretrained=True):
+        console.print(f"warning: {warning}")
     device = _device(run)
     pre = load(spec, device)
     chosen = parse_head_mask(",".join(cfg.heatmaps), pre.heads)  # early errors

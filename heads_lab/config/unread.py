@@ -70,3 +70,30 @@ def unread_train_settings(overrides: list[str], run) -> list[str]:
         if why.get(key):
             warnings.append(f"{item} has no effect on this training: {why[key]}")
     return warnings
+
+
+def unread_analysis_settings(overrides: list[str], analysis, pretrained: bool) -> list[str]:
+    """A warning line for each analysis.KEY=VALUE of `overrides` that `heads-lab analyze` will
+    not act on with the config `analysis` (an AnalysisConfig): a treebank's translation without
+    the treebank, a split or a parse of the split beside a treebank (its own sentences are
+    analysed), LRP's bound with LRP off, and for a pretrained model (`pretrained`) the settings
+    of heads-lab's own runs (a checkpoint step, LRP)."""
+    why = {
+        "treebank_ref": None if analysis.treebank else "it names a comment of analysis.treebank's "
+        "sentences, and none is given",
+        "split": "analysis.treebank's own sentences are analysed" if analysis.treebank else None,
+        "conllu": "analysis.treebank's own trees are used" if analysis.treebank else None,
+        "lrp_sentences": "analysis.lrp=false" if not analysis.lrp else None,
+    }
+    if pretrained:
+        why.update({"step": "a pretrained model has no checkpoints of its training",
+                    "lrp": "LRP is not measured for pretrained models (its rules follow "
+                    "heads-lab's own layers)",
+                    "lrp_sentences": "LRP is not measured for pretrained models"})
+    warnings = []
+    for item in overrides:
+        key, _, _ = item.lstrip("+~").partition("=")
+        reason = why.get(key.removeprefix("analysis.")) if key.startswith("analysis.") else None
+        if reason:
+            warnings.append(f"{item} has no effect on this analysis: {reason}")
+    return warnings

@@ -226,3 +226,28 @@ def test_training_settings_another_setting_turns_off_are_named():
         "trainer.patience=3 has no effect on this training: this run validates 3 time(s) (every "
         "trainer.valid_every=100 of trainer.max_steps=300), too few for 3 validations without "
         "improvement"]
+
+
+def test_analyze_names_the_settings_it_will_not_read():
+    """`analyze` warns, as prune does, of an analysis setting it will not act on: a treebank's
+    translation comment without a treebank, a split or parse beside a treebank, LRP's bound with
+    LRP off; for a pretrained model a checkpoint step and LRP. Settings it reads say nothing."""
+    from heads_lab.config.schemas import AnalysisConfig
+    from heads_lab.config.unread import unread_analysis_settings
+
+    plain = AnalysisConfig()
+    assert unread_analysis_settings(["analysis.treebank_ref=text_en", "analysis.lrp=false",
+                                     "analysis.max_sentences=9"], plain, False) == [
+        "analysis.treebank_ref=text_en has no effect on this analysis: it names a comment of "
+        "analysis.treebank's sentences, and none is given"]
+    treebank = AnalysisConfig(treebank="pud.conllu", lrp=False)
+    got = unread_analysis_settings(["analysis.split=valid", "analysis.conllu=x.conllu",
+                                    "analysis.lrp_sentences=50", "analysis.treebank_ref=text_en"],
+                                   treebank, False)
+    assert [line.split(" has no")[0] for line in got] == [
+        "analysis.split=valid", "analysis.conllu=x.conllu", "analysis.lrp_sentences=50"]
+    hf = unread_analysis_settings(["analysis.step=200", "analysis.lrp=true"], plain, True)
+    assert [line.split(": ", 1)[1] for line in hf] == [
+        "a pretrained model has no checkpoints of its training",
+        "LRP is not measured for pretrained models (its rules follow heads-lab's own layers)"]
+    assert unread_analysis_settings(["analysis.step=200"], plain, False) == []
