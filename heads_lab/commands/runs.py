@@ -283,8 +283,12 @@ def _corpus(run, run_dir: Path):
     try:
         return prepare(run.data, cache_dir(run.paths))
     except DataError as err:
+        moved = ("; if the files moved, say where they are now: add data.root=<their dir> (or "
+                 "set HEADS_LAB_DATA) to this command." if "missing" in str(err)
+                 or "not found" in str(err) else "")
         raise DataError(f"{run_dir} is read back with the data it trained on (data={run.data.name}:"
-                        f" its splits, and the training side's counts for analyze): {err}") from None
+                        f" its splits, and the training side's counts for analyze): {err}"
+                        f"{moved}") from None
 
 
 def _results_precision(run_dir: Path) -> str | None:

@@ -227,7 +227,12 @@ def test_a_run_whose_data_is_gone_says_it_is_read_back_with_that_data(tmp_path):
     for command in ("eval", "analyze"):
         proc = heads_lab(command, str(run), cwd=tmp_path)
         _assert_one_line_error(proc, f"{run} is read back with the data it trained on (data=local",
-                               "train file is missing", str(root))
+                               "train file is missing", str(root),
+                               "if the files moved, say where they are now: add "
+                               "data.root=<their dir>")
+    # and the fix it names works
+    proc = heads_lab("eval", str(run), f"data.root={tmp_path / 'moved'}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
 
 
 def test_a_refused_resume_keeps_the_earlier_runs_config(earlier_run, tmp_path):
