@@ -88,18 +88,24 @@ def test_sigkill_then_sigterm_then_resume_equals_an_uninterrupted_run(uninterrup
 
 @pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)
 def test_a_stopped_runs_progress_bar_ends_where_the_signal_stopped_it(tmp_path):
-    """The bar's last line shows the step SIGTERM stopped training at (it showed the last logged
-    step, here 0, as the signal ends training between two logged steps)."""
+    """The bar's last line, on a terminal (piped output has the plain lines alone), shows the
+    step SIGTERM stopped training at (it showed the last logged step, here 0, as the signal ends
+    training between two logged steps)."""
     run_dir = tmp_path / "run"
-    proc = _start(run_dir, tmp_path)
+    proc = subprocess.Popen([EXE, "train", *RUN, f"hydra.run.dir={run_dir}"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TTY_COMPATIBLE": "1", "COLUMNS": "200"},
+                            start_new_session=True)  # rich draws its bar as on a terminal
     _wait_for_checkpoint(run_dir, proc)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=240)
     assert proc.returncode == 143, err
-    (line,) = [line for line in err.splitlines() if line.startswith("error: ")]
+    shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out + err)  # the terminal's codes out
+    (line,) = [line for line in shown.splitlines() if line.startswith("error: ")]
     stopped_at = int(line.split("at step ", 1)[1].split(";", 1)[0])
     assert stopped_at > 0  # (typically 5 or 6: the first checkpoint is at 4, the first log at 10)
-    bars = [line for line in out.splitlines() if line.startswith("train ")]
+    bars = [chunk.split("\r")[-1] for chunk in shown.split("\n")]
+    bars = [bar for bar in bars if bar.startswith("train ")]
     assert bars and f" step {stopped_at}/40 " in bars[-1], (bars, stopped_at)
 
 
@@ -394,6 +400,20 @@ def test_a_corrupt_newest_checkpoint_is_set_aside_on_resume_and_eval_falls_back_
         ev.stdout
 
 
+# Loaded by the run's process (PYTHONPATH): its test set's translation marks that it started,
+# then waits a minute before translating.
+SLOW_EVAL = """
+import pathlib, time
+import heads_lab.training.evaluate as evaluate
+_translate = evaluate.translate
+def _slow_translate(*args, **kwargs):
+    pathlib.Path({started!r}).touch()
+    time.sleep(60)
+    return _translate(*args, **kwargs)
+evaluate.translate = _slow_translate
+"""
+
+
 @pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)
 def test_ctrl_c_during_the_final_evaluation_says_how_to_resume(uninterrupted, tmp_path):
     """Interrupted (SIGINT) while the test set is decoded: one line naming the command that
@@ -401,12 +421,20 @@ def test_ctrl_c_during_the_final_evaluation_says_how_to_resume(uninterrupted, tm
     run_dir = tmp_path / "run"
     shutil.copytree(uninterrupted["run_dir"], run_dir)
     (run_dir / "results.json").unlink()
-    proc = _start(run_dir, tmp_path)  # resumes at its last step: straight to the evaluation
+    # resumes at its last step: straight to the evaluation, which here says when it starts
+    # and then waits, so the signal lands in it (a tiny model decodes its test set in no time)
+    hook, started = tmp_path / "hook", tmp_path / "evaluating"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(SLOW_EVAL.format(started=str(started)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(hook), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    proc = subprocess.Popen([EXE, "train", *RUN, f"hydra.run.dir={run_dir}"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
     deadline = time.time() + 120
-    while "resuming from" not in (run_dir / "train.log").read_text() and time.time() < deadline:
+    while not started.exists() and time.time() < deadline:
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.05)
-    time.sleep(1.0)  # into the decoding
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
