@@ -2,7 +2,8 @@
 runs.csv, each row's p against its base row as `heads-lab report <runs.csv>` computes it now
 (Welch's t over the seeds, docs/significance.md; over the seeds alone, since the published runs'
 translations are gone), beside the p its published report.csv printed (sacrebleu's paired
-bootstrap on the seeds' hypotheses pooled, for the reports made before the seed-aware test).
+bootstrap on the seeds' hypotheses pooled, in the reports made before the seed-aware test; the
+seed-aware p itself, marked, in those made since).
 
     python scripts/seed_aware_p.py > results/significance/seed_aware_p.md
     python scripts/seed_aware_p.py results/table_a_tatoeba results/heads_by_data_tatoeba
@@ -10,8 +11,8 @@ bootstrap on the seeds' hypotheses pooled, for the reports made before the seed-
 Rows are the report's, grouped from runs.csv; a row of one seed (or a base of one) has no
 seed-aware p and says why. Each row's mean BLEU is recomputed from runs.csv's per-run values (as
 published, often to two decimals). A published p is against the base row of its own report,
-which for reports made before per-data-size bases (heads_by_data_gpu) was one row for all.
-A study's pairs/ views repeat its runs and are left out.
+and so is the seed-aware one (for a study with one base per data size, each size's h = 8,
+whatever an older report took). A study's pairs/ folders compare two of its rows.
 """
 
 from __future__ import annotations
@@ -23,18 +24,26 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from heads_lab.commands.report_rows import collect, comparisons, data_sets, group  # noqa: E402
+from heads_lab.commands.report_rows import (  # noqa: E402
+    Comparison,
+    collect,
+    comparisons,
+    data_sets,
+    group,
+)
 from heads_lab.commands.report_seeds import p_text, significance  # noqa: E402
 from heads_lab.errors import DataError  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
-def published(study: Path) -> dict[str, str]:
-    """The published report.csv's p per row label (without ' (base)')."""
+def published(study: Path) -> tuple[dict[str, str], list[str]]:
+    """The published report.csv's p per row label (without ' (base)'), and its base rows."""
     with open(study / "report.csv", newline="", encoding="utf-8") as f:
-        return {row["setting"].removesuffix(" (base)"): row.get("p vs base", "")
-                for row in csv.DictReader(f)}
+        rows = list(csv.DictReader(f))
+    label = [row["setting"].removesuffix(" (base)").replace("=None", "=null") for row in rows]
+    return ({name: row.get("p vs base", "") for name, row in zip(label, rows)},
+            [name for name, row in zip(label, rows) if row["setting"].endswith(" (base)")])
 
 
 def rows_of(study: Path) -> list[tuple[str, int, str, str, str]]:
@@ -42,10 +51,13 @@ def rows_of(study: Path) -> list[tuple[str, int, str, str, str]]:
     runs, _ = collect([study / "runs.csv"])
     split = runs[0].results["decoding"]["split"]
     rows, _ = group(runs)
-    before = published(study)
+    before, bases = published(study)
     out = []
     for subset in data_sets(rows).values():
-        _, tested = comparisons(subset, runs)
+        x, tested = comparisons(subset, runs)
+        mine = [row for row in subset if row.label in bases]
+        if x is None and len(bases) == 1 and mine:  # the published report's base row
+            tested = [Comparison(subset, mine[0])]
         for c in tested:
             if c.base is not None:
                 significance(c.rows, c.base, split, 200)
@@ -70,10 +82,9 @@ def main() -> int:
                         help="study dirs (default: every results/ dir with runs.csv and "
                              "report.csv)")
     opts = parser.parse_args()
-    studies = opts.studies or sorted(  # a study's pairs/ views repeat its runs: left out
-        p.parent for p in RESULTS.rglob("runs.csv")
-        if (p.parent / "report.csv").is_file() and "pairs" not in p.parent.parts)
-    print("| study | row | runs | test BLEU | p published (pooled bootstrap) | p over seeds |")
+    studies = opts.studies or sorted(p.parent for p in RESULTS.rglob("runs.csv")
+                                     if (p.parent / "report.csv").is_file())
+    print("| study | row | runs | test BLEU | p the published report printed | p over seeds |")
     print("|---|---|---:|---:|---:|---:|")
     for study in studies:
         name = study.resolve().relative_to(RESULTS) if study.resolve().is_relative_to(
