@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow  # the dry runs take a minute: `make test-slow` (CI runs it)
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # a minute, and timed: `make test-slow`
 
 ROOT = Path(__file__).resolve().parents[2]
 

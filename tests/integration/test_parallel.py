@@ -18,6 +18,8 @@ import pytest
 from tests.conftest import TINY
 from tests.integration.test_cli import heads_lab
 
+pytestmark = pytest.mark.serial  # signals, kills and timings: alone in `make test-slow`
+
 RUN = [*TINY, "trainer.max_steps=12", "trainer.valid_every=6", "trainer.save_every=6",
        "trainer.threads=1", "model.dropout=0.0"]
 

@@ -19,6 +19,8 @@ from heads_lab.training import checkpoint
 from tests.conftest import TINY
 from tests.integration.test_cli import EXE, heads_lab
 
+pytestmark = pytest.mark.serial  # signals, kills and timings: alone in `make test-slow`
+
 # Long enough to be killed mid-way; checkpoints every 4 steps, dropout on (RNG must resume).
 RUN = [*TINY, "trainer.max_steps=40", "trainer.save_every=4", "trainer.keep_last=3",
        "trainer.valid_every=10", "model.dropout=0.2"]
@@ -430,7 +432,9 @@ def test_ctrl_c_during_the_final_evaluation_says_how_to_resume(uninterrupted, tm
         [str(hook), *filter(None, [os.environ.get("PYTHONPATH")])])}
     proc = subprocess.Popen([EXE, "train", *RUN, f"hydra.run.dir={run_dir}"], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+                            start_new_session=True,  # Ctrl-C as a terminal's user sends it,
+                            # whatever started the tests (a shell's background job ignores it)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 120
     while not started.exists() and time.time() < deadline:
         assert proc.poll() is None, proc.communicate()
