@@ -6,14 +6,11 @@ import hashlib
 import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
 
 from heads_lab.config.schemas import CleaningConfig
 
-if TYPE_CHECKING:  # sources imports tatoeba, which imports normalize from here
-    from heads_lab.data.sources import Pair
-
 NORMAL_FORMS = ("NFC", "NFKC", "NFD", "NFKD", "none")
+Pair = tuple[str, str] | None  # a source's (src, tgt) line pair; None: an undecodable line, skipped
 
 
 def normalize(text: str, form: str) -> str:

@@ -27,9 +27,9 @@ from heads_lab.config.schemas import (
     TextFilesDataConfig,
 )
 from heads_lab.data import tatoeba
+from heads_lab.data.cleaning import Pair
 from heads_lab.errors import ConfigError, DataError
 
-Pair = tuple[str, str] | None  # None: a pair with an undecodable line, skipped
 SPLITS = ("train", "valid", "test")
 
 
