@@ -31,8 +31,9 @@ from heads_lab.config.compose import (
     to_dict,
     to_object,
 )
+from heads_lab.config.messages import one_line
 from heads_lab.config.validate import validate
-from heads_lab.errors import ConfigError, HeadsLabError, one_line
+from heads_lab.errors import ConfigError, HeadsLabError
 
 USAGE = """usage: heads-lab <command> [overrides]
 

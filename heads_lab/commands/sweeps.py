@@ -31,8 +31,9 @@ from heads_lab.commands.sweep_signals import (
     signal_number,
 )
 from heads_lab.config.compose import compose, expand_sweeps, to_object
+from heads_lab.config.messages import one_line
 from heads_lab.config.validate import validate
-from heads_lab.errors import ConfigError, HeadsLabError, finished_run, one_line
+from heads_lab.errors import ConfigError, HeadsLabError, finished_run
 from heads_lab.output.files import LOCK, ensure_writable
 from heads_lab.output.trackers import RUN_FILES, check_installed
 from heads_lab.training import stops

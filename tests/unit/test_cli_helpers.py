@@ -169,7 +169,7 @@ def test_a_launcher_whose_plugin_is_missing_names_its_extra():
     from hydra.errors import MissingConfigException
 
     from heads_lab.config.compose import compose
-    from heads_lab.errors import one_line
+    from heads_lab.config.messages import one_line
 
     with pytest.raises(MissingConfigException) as real:
         compose(["hydra/launcher=nosuch"])
@@ -283,7 +283,7 @@ def test_a_mistyped_option_of_an_optional_group_is_suggested_with_its_plus(tmp_p
     import yaml
 
     from heads_lab.config.compose import config_dir
-    from heads_lab.errors import OPTIONAL_GROUPS
+    from heads_lab.config.messages import OPTIONAL_GROUPS
     from tests.integration.test_cli import _assert_one_line_error, heads_lab
 
     root = config_dir()

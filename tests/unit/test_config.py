@@ -60,7 +60,7 @@ def test_unknown_key_fails_when_composing(override):
     ("model.init=kaiming", "[xavier, admin]"),
 ])
 def test_choices_are_checked_when_composing_and_name_the_choices(override, choices):
-    from heads_lab.errors import one_line
+    from heads_lab.config.messages import one_line
 
     with pytest.raises(ConfigCompositionException) as err:
         compose([override])
