@@ -17,8 +17,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from heads_lab.analysis.publish import check_sentences, publish
 from heads_lab.commands import runs
-from heads_lab.commands.analyze import _check_sentences, publish
 from heads_lab.config.compose import cache_dir, compose, to_object
 from heads_lab.config.sites import parse_head_mask
 from heads_lab.config.unread import unread_analysis_settings, unread_prune_settings
@@ -27,6 +27,7 @@ from heads_lab.errors import ConfigError
 from heads_lab.hf import analysis as hf_analysis
 from heads_lab.hf import prune as hf_prune
 from heads_lab.hf.models import Pretrained, account, load
+from heads_lab.output.curves import plot_curves
 from heads_lab.output.files import write_json
 from heads_lab.output.tables import show, to_rich, write_csv, write_markdown
 from heads_lab.output.tracking import console
@@ -117,7 +118,7 @@ def analyze_hf(spec: str, args: list[str], started: float) -> int:
     texts = _texts(run, args, cfg.split) if not cfg.treebank else None
     src = hf_analysis.source(pre, cfg, texts, run.data.cleaning.normalize)
     result, sentences = hf_analysis.analyze(pre, cfg, src, device)
-    _check_sentences(cfg.sentences, len(sentences))
+    check_sentences(cfg.sentences, len(sentences))
     out = _out(pre, "analysis", args)
     result.update({"checkpoint": f"hf:{pre.name}", "overrides": args})
     publish(result, sentences, cfg, chosen, pre.tokens, out, f"hf:{pre.name}", started,
@@ -127,7 +128,6 @@ def analyze_hf(spec: str, args: list[str], started: float) -> int:
 
 
 def prune_hf(spec: str, args: list[str]) -> int:
-    from heads_lab.commands.prune import plot_curves  # lazy: start-up time (torch)
 
     args = [f"prune.{a}" if a.startswith("method=") else a for a in args]  # as prune <run> takes
     run = _config("prune", args)

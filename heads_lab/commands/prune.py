@@ -39,6 +39,7 @@ from heads_lab.config.unread import unread_prune_settings
 from heads_lab.config.variants import variant
 from heads_lab.errors import ConfigError
 from heads_lab.hf import is_hf
+from heads_lab.output.curves import plot_curves
 from heads_lab.output.files import write_json, write_lines
 from heads_lab.output.progress import clock
 from heads_lab.output.tables import show, to_rich, write_csv, write_markdown
@@ -306,43 +307,3 @@ def _write_tables(out: Path, table: dict[str, Any]) -> None:
     write_markdown(out / "prune.md", {**table, "note": "heads removed for real; kept e/d/d-e: "
                                       "encoder self, decoder self, decoder-encoder"})
     write_csv(out / "prune.csv", table)
-
-
-def plot_curves(curves: dict[str, list[dict]], path: Path, split: str,
-                left: tuple[str, str] | None = None) -> Path:
-    """BLEU (or `left`: (key, label), e.g. an encoder's masked-LM accuracy) and PPL vs the
-    fraction of heads pruned, one line per attention type (Michel's figure)."""
-    import matplotlib  # lazy: start-up time (matplotlib)
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # lazy: start-up time (matplotlib)
-
-    key, label = left or ("bleu", f"{split} BLEU")
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    ppls: list[float] = []
-    for name, rows in curves.items():
-        x = [r["fraction"] * 100 for r in rows]
-        axes[0].plot(x, [r[key] for r in rows], marker="o", label=name)
-        ppl = [min(r["ppl"], 1e4) for r in rows]
-        ppls += ppl
-        axes[1].plot(x, ppl, marker="o", label=name)
-    axes[0].set_ylabel(label)
-    axes[1].set_ylabel(f"{split} PPL")
-    axes[1].set_yscale("log")
-    # labelled ticks at 1, 2, 5 × 10^k (5, 10, 20, 50, ...), as plain numbers (7, not 7×10⁰);
-    # within one decade every integer step: a log axis never shows a single label
-    subs = (1.0, 2.0, 5.0) if max(ppls) >= 4 * min(ppls) else tuple(range(1, 10))
-    axes[1].yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=subs))
-    axes[1].yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-    axes[1].yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    for ax in axes:
-        ax.set_xlabel("% of the heads (in that attention type) pruned")
-        ax.grid(alpha=0.3)
-    # one legend under both panels: inside one it covered a curve (the all-sites line)
-    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=len(curves),
-               frameon=False, fontsize=9)
-    fig.suptitle("Iterative pruning by head importance (Michel et al. 2019)")
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path

@@ -1,5 +1,7 @@
-"""The validation-curve figure (valid PPL against training step, a line per row or run): from
-`heads-lab report`'s rows and from scripts/valid_curves.py's runs; and tight, the figures' layout."""
+"""The curve figures: validation (valid PPL against training step, a line per row or run: from
+`heads-lab report`'s rows and from scripts/valid_curves.py's runs) and pruning (BLEU or accuracy
+and PPL against the share of heads pruned: `heads-lab prune`'s, own and pretrained models'); and
+tight, the figures' layout."""
 
 from __future__ import annotations
 
@@ -60,3 +62,43 @@ def tight(fig) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         fig.tight_layout()
+
+
+def plot_curves(curves: dict[str, list[dict]], path: Path, split: str,
+                left: tuple[str, str] | None = None) -> Path:
+    """BLEU (or `left`: (key, label), e.g. an encoder's masked-LM accuracy) and PPL vs the
+    fraction of heads pruned, one line per attention type (Michel's figure)."""
+    import matplotlib  # lazy: start-up time (matplotlib)
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # lazy: start-up time (matplotlib)
+
+    key, label = left or ("bleu", f"{split} BLEU")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    ppls: list[float] = []
+    for name, rows in curves.items():
+        x = [r["fraction"] * 100 for r in rows]
+        axes[0].plot(x, [r[key] for r in rows], marker="o", label=name)
+        ppl = [min(r["ppl"], 1e4) for r in rows]
+        ppls += ppl
+        axes[1].plot(x, ppl, marker="o", label=name)
+    axes[0].set_ylabel(label)
+    axes[1].set_ylabel(f"{split} PPL")
+    axes[1].set_yscale("log")
+    # labelled ticks at 1, 2, 5 × 10^k (5, 10, 20, 50, ...), as plain numbers (7, not 7×10⁰);
+    # within one decade every integer step: a log axis never shows a single label
+    subs = (1.0, 2.0, 5.0) if max(ppls) >= 4 * min(ppls) else tuple(range(1, 10))
+    axes[1].yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=subs))
+    axes[1].yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    axes[1].yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    for ax in axes:
+        ax.set_xlabel("% of the heads (in that attention type) pruned")
+        ax.grid(alpha=0.3)
+    # one legend under both panels: inside one it covered a curve (the all-sites line)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=len(curves),
+               frameon=False, fontsize=9)
+    fig.suptitle("Iterative pruning by head importance (Michel et al. 2019)")
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

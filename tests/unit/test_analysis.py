@@ -291,7 +291,7 @@ def _result(source, relations):
 
 
 def test_analyze_tables_say_why_there_are_no_syntactic_heads_on_real_data(tmp_path):
-    from heads_lab.commands.analyze import tables, write_tables
+    from heads_lab.analysis.publish import tables, write_tables
 
     best = {"layer": 0, "head": 1, "kind": "head", "accuracy": 0.7, "baseline": 0.4, "gain": 0.3}
     gold = tables(_result("gold", {"nsubj dep→head": {"arcs": 12, "baseline": 0.4, "best": best,

@@ -284,7 +284,7 @@ def test_bertviz_head_view_passes_per_layer_tensors(tmp_path, monkeypatch):
 def _ppl_tick_labels(tmp_path, monkeypatch, ppls):
     import matplotlib.pyplot as plt
 
-    from heads_lab.commands.prune import plot_curves
+    from heads_lab.output.curves import plot_curves
 
     kept = []
     monkeypatch.setattr(plt, "close", kept.append)  # keep the figure to read its axes back
@@ -339,7 +339,7 @@ def test_prune_curves_legend_covers_no_curve(tmp_path, monkeypatch):
     panels, over no axes (inside one it covered the all-sites curve)."""
     import matplotlib.pyplot as plt
 
-    from heads_lab.commands.prune import plot_curves
+    from heads_lab.output.curves import plot_curves
 
     kept = []
     monkeypatch.setattr(plt, "close", kept.append)

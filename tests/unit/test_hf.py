@@ -354,7 +354,7 @@ def test_a_pretrained_models_head_view_is_labelled_with_its_own_tokens(tiny):
     and no target <s> for an encoder); Marian's source ends in its own </s> and its target
     starts with its decoder start token."""
     from heads_lab.analysis.maps import Sentence
-    from heads_lab.commands.analyze import token_labels
+    from heads_lab.analysis.publish import token_labels
 
     bert = load(f"hf:{tiny['bert']}")
     (ids,) = bert.tokens.encode(["a man"])

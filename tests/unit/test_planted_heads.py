@@ -146,7 +146,7 @@ def test_analyze_finds_every_planted_head_and_only_its_role(setup):
     # its own token: reported apart, not positional, no role
     assert own["function"] == "other" and own["positional"]["self_share"] == 1.0
     assert not own["positional"]["is_positional"] and own["syntactic_relations"] == []
-    from heads_lab.commands.analyze import position_tables  # the positions table shows no offset
+    from heads_lab.analysis.publish import position_tables  # the positions table shows no offset
     (enc,) = [t for title, t in position_tables(result) if title.startswith("enc-self")]
     assert enc["rows"][1][1 + 1] == "– · self 1.00" and enc["rows"][1][1].startswith("-1 1.00P")
     # each word's syntactic head: every dep→head relation at accuracy 1, and syntactic for the
