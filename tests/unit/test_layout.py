@@ -102,3 +102,63 @@ def test_every_import_inside_a_function_says_why_it_is_lazy():
                 unexplained.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: "
                                    f"{lines[node.lineno - 1].strip()}")
     assert not unexplained, unexplained
+
+
+def _file_of(module: str) -> Path | None:
+    """The file a heads_lab module name is: a .py, or a package's __init__.py."""
+    parts = module.split(".")[1:]
+    path = PACKAGE.joinpath(*parts)
+    if path.with_suffix(".py").is_file():
+        return path.with_suffix(".py")
+    return path / "__init__.py" if (path / "__init__.py").is_file() else None
+
+
+def _arrows() -> dict[Path, set[Path]]:
+    """file → the heads_lab files it imports, anywhere in it (top level, inside functions, under
+    TYPE_CHECKING): `from heads_lab.data import tatoeba` points at data/tatoeba.py, and at the
+    package's __init__.py only for a name that is not a submodule of it."""
+    arrows: dict[Path, set[Path]] = {}
+    for path in modules():
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module and \
+                    node.module.startswith("heads_lab"):
+                subs = [_file_of(f"{node.module}.{a.name}") for a in node.names]
+                names = [s for s in subs if s is not None]
+                if len(names) < len(subs):
+                    names.append(_file_of(node.module))
+            elif isinstance(node, ast.Import):
+                names = [_file_of(a.name) for a in node.names if a.name.startswith("heads_lab")]
+            targets |= {t for t in names if t is not None and t != path}
+        arrows[path] = targets
+    return arrows
+
+
+def test_no_circle_of_imports():
+    """No file reaches itself through imports (docs/architecture.md: imports run down the floors,
+    never in a circle), lazy and type-only imports included."""
+    arrows = _arrows()
+    state: dict[Path, int] = {}  # 1: on the path, 2: done
+    circles = []
+
+    def visit(node: Path, trail: list[Path]) -> None:
+        state[node] = 1
+        for nxt in sorted(arrows.get(node, ())):
+            if state.get(nxt) == 1:
+                loop = trail[trail.index(nxt):] + [nxt]
+                circles.append(" -> ".join(str(p.relative_to(PACKAGE)) for p in loop))
+            elif nxt not in state:
+                visit(nxt, trail + [nxt])
+        state[node] = 2
+
+    for node in sorted(arrows):
+        if node not in state:
+            visit(node, [node])
+    assert not circles, circles
+
+
+def test_the_ground_floor_imports_nothing_of_the_package():
+    """errors.py is the ground: every wing imports it, it imports no wing (its typo hints, which
+    read the config tree, live in config/messages.py)."""
+    assert imported(PACKAGE / "errors.py") == set()
