@@ -24,15 +24,15 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from heads_lab.commands.report_rows import (  # noqa: E402
+from heads_lab.errors import DataError  # noqa: E402
+from heads_lab.report.rows import (  # noqa: E402
     Comparison,
     collect,
     comparisons,
     data_sets,
     group,
 )
-from heads_lab.commands.report_seeds import p_text, significance  # noqa: E402
-from heads_lab.errors import DataError  # noqa: E402
+from heads_lab.report.seeds import p_text, significance  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 

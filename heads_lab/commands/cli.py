@@ -1,5 +1,5 @@
 """`heads-lab <command> [hydra overrides]`: the dispatcher. train runs here (under Hydra, its
-sweep plumbing in heads_lab/commands/sweeps.py); info, eval, analyze, prune, report and bench are
+sweep plumbing in heads_lab/sweeps/jobs.py); info, eval, analyze, prune, report and bench are
 a module each. User errors (config, data, checkpoint) become one line on stderr and exit 2."""
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from hydra.types import RunMode
 from omegaconf.errors import OmegaConfBaseException
 
 from heads_lab import __version__
-from heads_lab.commands import sweep_end, sweep_signals, sweeps
 from heads_lab.config.compose import (
     compose,
     config_dir,
@@ -34,6 +33,9 @@ from heads_lab.config.compose import (
 from heads_lab.config.messages import one_line
 from heads_lab.config.validate import validate
 from heads_lab.errors import ConfigError, HeadsLabError
+from heads_lab.sweeps import end as sweep_end
+from heads_lab.sweeps import jobs as sweeps
+from heads_lab.sweeps import signals as sweep_signals
 
 USAGE = """usage: heads-lab <command> [overrides]
 

@@ -8,12 +8,12 @@ import dataclasses
 import json
 from pathlib import Path
 
-from heads_lab.commands import sweeps
 from heads_lab.config.compose import compose, to_object
 from heads_lab.config.cost import Lengths, account, gate_parameters
 from heads_lab.config.validate import validate
 from heads_lab.errors import ConfigError
 from heads_lab.hf import is_hf
+from heads_lab.sweeps import jobs as sweeps
 
 INFO_HELP = """usage: heads-lab info [overrides | run dirs | hf:<model>s] [--json]
 

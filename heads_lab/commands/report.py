@@ -33,7 +33,13 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from heads_lab.commands.report_rows import (
+from heads_lab.config.sites import KEPT_COLUMNS, SITES
+from heads_lab.errors import ConfigError
+from heads_lab.output.files import ensure_writable
+from heads_lab.output.tables import plain, to_rich, wide_console, write_csv, write_markdown
+from heads_lab.output.trackers import report_to_wandb
+from heads_lab.report.figures import plot
+from heads_lab.report.rows import (
     NOT_APPLICABLE,
     SHAPE,
     Comparison,
@@ -50,19 +56,13 @@ from heads_lab.commands.report_rows import (
     stat,
     train_pairs,
 )
-from heads_lab.commands.report_seeds import (
+from heads_lab.report.seeds import (
     p_note,
     p_text,
     runs_table,
     seed_p_values,
     significance,
 )
-from heads_lab.config.sites import KEPT_COLUMNS, SITES
-from heads_lab.errors import ConfigError
-from heads_lab.output.files import ensure_writable
-from heads_lab.output.tables import plain, to_rich, wide_console, write_csv, write_markdown
-from heads_lab.output.trackers import report_to_wandb
-from heads_lab.report.figures import plot
 
 USAGE = "heads-lab report <dir> [<dir> ...] [--out DIR] [--samples N] [--wandb [--wandb-mode M]]"
 
@@ -148,7 +148,7 @@ def main(args: list[str]) -> int:
 def render(rows: list[Row], tested: list[Comparison], varying: list[str], split: str,
            paper: dict | None, x: str | None = None) -> dict[str, Any]:
     """The table as header + string rows (shared by the console, Markdown and CSV). tested: the
-    rows' comparisons (report_rows.comparisons), one, or with x one per value of report.x."""
+    rows' comparisons (report/rows.py: comparisons), one, or with x one per value of report.x."""
     bases = [c.base for c in tested if c.base is not None]
     header = ["setting", *[name for name, _ in SHAPE], "params", "runs", "valid PPL",
               f"{split} BLEU", f"{split} chrF", "p vs base", "tok/s", "peak MB"]

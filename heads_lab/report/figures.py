@@ -1,5 +1,5 @@
 """The report's figures: BLEU and PPL against the swept setting, BLEU against cost, and each
-row's validation curve. Rows are report_rows.Row (read by their runs' configs and metrics).
+row's validation curve. Rows are report/rows.py's Row (read by their runs' configs and metrics).
 Torch-free."""
 
 from __future__ import annotations

@@ -236,7 +236,7 @@ def test_an_unquoted_dir_holding_an_equals_sign_is_refused_naming_the_quoting(tm
 def test_a_quoted_run_dir_is_used_as_written(tmp_path):
     """The quoted value is the dir: quotes removed before the dir checks (the earlier check
     made a dir named '"' in the working dir)."""
-    from heads_lab.commands.overrides import dir_override
+    from heads_lab.sweeps.overrides import dir_override
 
     assert dir_override('hydra.run.dir="/runs/h=8"', "hydra.run.dir") == Path("/runs/h=8")
     assert dir_override("hydra.sweep.dir='/a/b=c,d=e'", "hydra.sweep.dir") == Path("/a/b=c,d=e")
@@ -244,7 +244,7 @@ def test_a_quoted_run_dir_is_used_as_written(tmp_path):
     # the resume advice names a dir so that, typed into a shell, Hydra reads it back
     import shlex
 
-    from heads_lab.commands.sweep_signals import dir_arg
+    from heads_lab.sweeps.signals import dir_arg
 
     assert dir_override("hydra.sweep.dir=2026", "hydra.sweep.dir") == Path("2026")
     assert dir_override("hydra.run.dir=out/${now:%H}", "hydra.run.dir") is None
@@ -633,8 +633,8 @@ def test_a_run_read_back_with_auto_is_computed_in_the_precision_it_trained_in(
 
 def test_an_explicit_bf16_sweep_stops_once_before_its_first_job_without_native_bf16(monkeypatch):
     import heads_lab.training.device as device
-    from heads_lab.commands.sweeps import check_sweep
     from heads_lab.errors import ConfigError
+    from heads_lab.sweeps.jobs import check_sweep
 
     monkeypatch.setattr(device, "native_bf16", lambda: False)  # (this CPU may have it)
     with pytest.raises(ConfigError) as err:

@@ -13,7 +13,7 @@ import pytest
 from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest
 
-from heads_lab.commands.report_rows import Run
+from heads_lab.report.rows import Run
 from tests.conftest import TINY
 from tests.integration.test_cli import _assert_one_line_error, heads_lab
 from tests.unit.test_report_rows import _seed_aware_p
@@ -351,8 +351,8 @@ def test_runs_on_two_data_sets_get_a_table_each_short_labels_and_no_cross_pairin
 def test_valid_curves_are_each_rows_mean_over_its_seeds(sweep):
     """report_valid_curves.png draws, per row, the mean valid PPL of its runs at each step they
     all validated: the numbers read back from the runs' results.json."""
-    from heads_lab.commands.report_rows import collect, group
     from heads_lab.report.figures import valid_curves
+    from heads_lab.report.rows import collect, group
 
     runs, _ = collect([sweep])
     rows, _ = group(runs)
@@ -372,8 +372,8 @@ def test_valid_curves_are_each_rows_mean_over_its_seeds(sweep):
 def test_valid_curves_skip_diverged_validations_and_show_every_rows_best(tmp_path):
     """A NaN validation (a diverged step) has no point and breaks no axis; a row far above
     another (another data set) keeps its best point inside the plot."""
-    from heads_lab.commands.report_rows import Row, Run
     from heads_lab.report.figures import plot_valid_curves, valid_curves
+    from heads_lab.report.rows import Row, Run
 
     def run(history):
         return Run(tmp_path, {}, {}, {"train": {"valid_history": [

@@ -200,7 +200,7 @@ def test_a_stop_signal_to_a_local_launcher_sweep_stops_its_workers_and_the_sweep
     starts, the command exits 128 + the signal saying how to resume, and the same command then
     resumes the stopped jobs and runs the rest. The launcher may be chosen on the command line
     or by a config (a user's experiment preset)."""
-    from heads_lab.commands.sweep_signals import catches, children
+    from heads_lab.sweeps.signals import catches, children
 
     sweep = tmp_path / "sweep"
     if chosen_by == "command line":

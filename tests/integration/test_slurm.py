@@ -196,7 +196,7 @@ def test_an_ended_state_in_accounting_is_checked_against_the_controller(cluster,
     """The window submitit alone misreads: accounting says FAILED while the controller still
     holds the job (a requeued job waits in PENDING). A held job stands for it on the real
     controller; a job that really ended keeps accounting's state."""
-    from heads_lab.commands.slurm import ControllerCheckedWatcher
+    from heads_lab.sweeps.slurm import ControllerCheckedWatcher
 
     held = _sh("sbatch", "--parsable", "--hold", "-o", str(tmp_path / "held.out"),
                "--wrap", "true").strip()

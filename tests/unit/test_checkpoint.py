@@ -264,7 +264,7 @@ def test_a_sweep_worker_keeps_catching_stop_signals_between_jobs_and_catches_rea
     import os
     import signal
 
-    from heads_lab.commands.sweep_signals import catches
+    from heads_lab.sweeps.signals import catches
     from heads_lab.training.stops import keep_stop_signals, stop_signals
 
     before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)}

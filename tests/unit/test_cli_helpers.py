@@ -59,7 +59,7 @@ def test_run_dir_probe_survives_ranks_probing_the_same_dir_at_once(tmp_path):
 def test_sweep_jobs_leave_out_hydra_settings_as_a_jobs_results_do(monkeypatch):
     """A sweep run again with `hydra/launcher=local` must still recognise its finished jobs,
     whose results.json lists only task overrides (this once refused the resume)."""
-    from heads_lab.commands.sweeps import sweep_jobs
+    from heads_lab.sweeps.jobs import sweep_jobs
 
     jobs = sweep_jobs(["-m", "model.heads=1,4", "hydra/launcher=local", "+hydra.launcher.n_jobs=2",
                        "hydra.sweep.dir=/tmp/x", "seed=3"])
@@ -91,8 +91,8 @@ def test_a_job_of_a_stopping_sweep_does_not_start_and_says_so(monkeypatch, tmp_p
 
     from omegaconf import OmegaConf
 
-    from heads_lab.commands import sweeps
-    from heads_lab.commands.sweep_signals import STOPPING, SWEEP_PID_ENV
+    from heads_lab.sweeps import jobs as sweeps
+    from heads_lab.sweeps.signals import STOPPING, SWEEP_PID_ENV
 
     job_dir = tmp_path / "sweep" / "1_seed=2"
     job_dir.mkdir(parents=True)
@@ -117,7 +117,7 @@ def test_a_job_of_a_stopping_sweep_does_not_start_and_says_so(monkeypatch, tmp_p
 def test_a_jobs_error_line_goes_to_stderr_in_one_write_newline_included(monkeypatch):
     """A sweep's workers share stderr: a line written as text, then newline (print's two
     writes) let two stopped jobs' lines run together in CI. One write each keeps them apart."""
-    from heads_lab.commands.sweep_signals import say_line
+    from heads_lab.sweeps.signals import say_line
 
     class Stream:
         def __init__(self):
@@ -146,8 +146,8 @@ def test_a_stopped_single_run_says_how_to_resume_it_with_its_own_dir(tmp_path, c
 
     from hydra.types import RunMode
 
-    from heads_lab.commands.overrides import dir_override
-    from heads_lab.commands.sweeps import user_errors
+    from heads_lab.sweeps.jobs import user_errors
+    from heads_lab.sweeps.overrides import dir_override
     from heads_lab.training.state import Preempted
 
     run_dir = tmp_path / "2026-11-22" / "14-03-12_model.heads=8"
@@ -200,7 +200,7 @@ def test_an_output_dirs_label_keeps_whole_overrides_and_counts_the_rest(tmp_path
 
 
 def test_a_sweep_job_is_named_by_what_the_sweep_varies(monkeypatch):
-    from heads_lab.commands import sweeps
+    from heads_lab.sweeps import jobs as sweeps
 
     monkeypatch.setenv(sweeps.SWEEP_KEYS_ENV, '["model.heads", "seed"]')
     label = sweeps.job_label(["model=tiny", "model.heads=4", "seed=2"], 3)
@@ -216,7 +216,7 @@ def test_a_sweeps_last_line_counts_its_jobs_against_a_file_written_at_its_start(
     at its start (the same file clock); the report command is quoted for the shell."""
     import json
 
-    from heads_lab.commands import sweep_end as sweeps
+    from heads_lab.sweeps import end as sweeps
 
     sweep = tmp_path / "my sweep"
     (sweep / "0_a").mkdir(parents=True)
@@ -251,7 +251,7 @@ def test_a_prune_run_inside_a_sweep_job_does_not_make_the_sweep_dir_refused(tmp_
     run's dir is refused naming the run, not the prune dir inside it."""
     import json
 
-    from heads_lab.commands.sweeps import refuse_finished_run_dir
+    from heads_lab.sweeps.jobs import refuse_finished_run_dir
 
     sweep = tmp_path / "sweep"
     for n, heads in enumerate((2, 4)):
@@ -304,7 +304,7 @@ def test_a_stop_passed_on_to_the_schedulers_handler_survives_slurms_sigterm(monk
     import subprocess
     import sys
 
-    from heads_lab.commands import sweep_signals
+    from heads_lab.sweeps import signals as sweep_signals
 
     seen = []
 

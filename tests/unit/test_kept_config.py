@@ -1,10 +1,10 @@
-"""An earlier run's .hydra/ kept through a refused start (commands/kept_config.py)."""
+"""An earlier run's .hydra/ kept through a refused start (sweeps/kept_config.py)."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from heads_lab.commands import kept_config
+from heads_lab.sweeps import kept_config
 
 
 def _run_dir(tmp_path):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "heads_lab"
 WINGS = {"commands", "config", "data", "model", "training", "output", "analysis", "bench", "hf",
-         "report"}
+         "report", "sweeps"}
 
 
 def modules() -> list[Path]:
@@ -68,7 +68,7 @@ def test_no_stage_imports_a_command():
 def test_the_config_and_the_dispatcher_start_without_torch():
     """`heads-lab info` and `--help` start without importing torch (seconds of start-up)."""
     code = ("import sys, heads_lab.config.compose, heads_lab.config.validate, "
-            "heads_lab.config.cost, heads_lab.commands.cli, heads_lab.commands.sweeps; "
+            "heads_lab.config.cost, heads_lab.commands.cli, heads_lab.sweeps.jobs; "
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout

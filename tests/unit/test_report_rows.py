@@ -11,7 +11,7 @@ import pytest
 from scipy import stats
 
 from heads_lab.commands.report import render
-from heads_lab.commands.report_rows import (
+from heads_lab.report.rows import (
     NOT_APPLICABLE,
     Comparison,
     Run,
@@ -238,7 +238,7 @@ def test_an_older_rectangular_talking_heads_run_is_its_own_row_with_the_start_it
     (read back so), not as today's default; a square run's start is today's default (one row)."""
     import json
 
-    from heads_lab.commands.report_rows import collect
+    from heads_lab.report.rows import collect
 
     def write(name, seed, heads, **model):
         run = tmp_path / name
@@ -316,7 +316,7 @@ def test_p_values_pair_only_the_same_references_and_never_call_no_difference_sig
     from sacrebleu.metrics import BLEU
     from sacrebleu.significance import PairedTest
 
-    from heads_lab.commands.report_seeds import p_text, significance
+    from heads_lab.report.seeds import p_text, significance
 
     refs = [f"the {w} dog runs over the green grass today" for w in
             ("small", "big", "old", "young", "brown", "black", "white", "tall")] * 5
@@ -355,8 +355,8 @@ def test_rows_with_two_seeds_get_the_seed_aware_p_and_a_row_with_one_the_bootstr
     from sacrebleu.metrics import BLEU
     from sacrebleu.significance import PairedTest
 
-    from heads_lab.commands.report_rows import comparisons
-    from heads_lab.commands.report_seeds import p_note, p_text, significance
+    from heads_lab.report.rows import comparisons
+    from heads_lab.report.seeds import p_note, p_text, significance
 
     refs = [f"the {w} dog runs over the green grass today" for w in
             ("small", "big", "old", "young", "brown", "black", "white", "tall")] * 12
@@ -410,7 +410,7 @@ def test_each_run_has_its_own_p_against_the_base_run_of_its_seed(tmp_path):
     from sacrebleu.metrics import BLEU
     from sacrebleu.significance import PairedTest
 
-    from heads_lab.commands.report_seeds import seed_p_values
+    from heads_lab.report.seeds import seed_p_values
 
     refs = {s: [f"the {w} dog number {s} runs over the green grass" for w in
                 ("small", "big", "old", "young", "brown", "black", "white", "tall")] * 4
@@ -462,8 +462,8 @@ def test_a_study_over_data_sizes_tests_each_row_against_the_base_at_its_own_size
     from sacrebleu.metrics import BLEU
     from sacrebleu.significance import PairedTest
 
-    from heads_lab.commands.report_rows import comparisons
-    from heads_lab.commands.report_seeds import p_text, significance
+    from heads_lab.report.rows import comparisons
+    from heads_lab.report.seeds import p_text, significance
 
     refs = [f"the {w} dog runs over the green grass today" for w in
             ("small", "big", "old", "young", "brown", "black", "white", "tall")] * 5
@@ -530,7 +530,7 @@ def test_a_study_over_data_sizes_tests_each_row_against_the_base_at_its_own_size
 def test_runs_csv_lines_are_each_runs_own_numbers_in_seed_order():
     """runs_table: a line per run, seeds in order within a row, four decimals, the run's own p
     (seed_p_values) or, where its comparison had no base row, the row's reason."""
-    from heads_lab.commands.report_seeds import runs_table
+    from heads_lab.report.seeds import runs_table
 
     runs = [_run(s, heads=h) for h in (1, 8) for s in (2, 1)]
     for run in runs:
@@ -560,10 +560,10 @@ def test_a_runs_csv_read_back_gives_the_same_table_and_parts_merge(tmp_path):
     one (no config column, a bad number) is one line naming it."""
     import csv
 
-    from heads_lab.commands.report_rows import collect
-    from heads_lab.commands.report_seeds import runs_table
     from heads_lab.errors import DataError
     from heads_lab.output.tables import write_csv
+    from heads_lab.report.rows import collect
+    from heads_lab.report.seeds import runs_table
 
     runs = [_run(s, heads=h) for h in (1, 8) for s in (1, 2, 3)]
     for run in runs:
@@ -623,7 +623,7 @@ def test_runs_scored_against_every_reference_show_those_scores_too():
     """Tatoeba runs carry test/bleu_multiref (every translation of each source): the table adds
     their mean ± std beside the one-reference scores, the note says what they are, and runs.csv
     keeps each run's."""
-    from heads_lab.commands.report_seeds import runs_table
+    from heads_lab.report.seeds import runs_table
 
     runs = [_run(s, heads=h) for h in (1, 8) for s in (1, 2)]
     for run in runs:
@@ -644,7 +644,7 @@ def test_runs_scored_against_every_reference_show_those_scores_too():
 
 def test_settings_are_labelled_as_overrides_write_them():
     """A row label reads max_time=null, not Python's max_time=None."""
-    from heads_lab.commands.report_rows import as_written
+    from heads_lab.report.rows import as_written
 
     assert [as_written(v) for v in (None, True, False, 8, 0.5, "mha", ["enc-self", "dec-enc"],
                                     [])] == ["null", "true", "false", "8", "0.5", "mha",
@@ -655,7 +655,7 @@ def test_rows_whose_run_dirs_lack_translations_get_no_p_and_say_why(tmp_path):
     """Run dirs holding only results.json (copied back from a cluster): the bootstrap read
     hyps.test.txt and stopped with a traceback; now such a row, or every row where the base's
     are gone, has no p and says why."""
-    from heads_lab.commands.report_seeds import p_text, significance
+    from heads_lab.report.seeds import p_text, significance
 
     refs = [f"the {w} dog runs over the green grass" for w in ("small", "big", "old", "tall")] * 3
     base = _scored(tmp_path, "base", 8, [r.replace("grass", "field") for r in refs], refs)
@@ -685,8 +685,8 @@ def test_a_results_json_report_cannot_read_is_passed_over_and_named(tmp_path):
 
     import pytest
 
-    from heads_lab.commands.report_rows import collect
     from heads_lab.errors import DataError
+    from heads_lab.report.rows import collect
 
     good = {"status": "complete", "config": {"seed": 1, "model": {"heads": 8}},
             "metrics": {"test/bleu": 30.0, "valid/ppl": None}}

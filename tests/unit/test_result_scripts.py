@@ -393,7 +393,7 @@ def test_every_published_runs_csv_reads_back_into_its_reports_rows():
     import csv
     import statistics
 
-    from heads_lab.commands.report_rows import collect, group
+    from heads_lab.report.rows import collect, group
 
     studies = sorted(p.parent for p in (ROOT / "results").rglob("runs.csv"))
     assert len(studies) >= 25

@@ -1,4 +1,4 @@
-"""hydra/launcher=slurm's watcher (heads_lab/commands/slurm.py): an ended state from accounting
+"""hydra/launcher=slurm's watcher (heads_lab/sweeps/slurm.py): an ended state from accounting
 (sacct) is checked against the controller (squeue), so a job being requeued is waited for and a
 job that really ended is not."""
 
@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="the launchers extra")
 
-from heads_lab.commands import slurm  # noqa: E402
+from heads_lab.sweeps import slurm  # noqa: E402
 
 SACCT = ("JobID|State|NodeList\n"
          "12|FAILED|vm\n12.batch|FAILED|vm\n"  # accounting's last record: the run requeue ended
@@ -66,8 +66,8 @@ def test_without_an_answer_from_squeue_accounting_stands(monkeypatch, watcher, c
 def test_a_slurm_sweep_waits_through_the_checked_watcher(monkeypatch, tmp_path):
     from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob
 
-    from heads_lab.commands.sweep_end import CountFailures
     from heads_lab.config.compose import compose
+    from heads_lab.sweeps.end import CountFailures
 
     monkeypatch.chdir(tmp_path)  # the sweep's start marks its dir (outputs/multiruns/...)
     monkeypatch.setattr(SlurmJob, "watcher", SlurmInfoWatcher(delay_s=600))

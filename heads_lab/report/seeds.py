@@ -15,11 +15,11 @@ import numpy as np
 from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest
 
-from heads_lab.commands.report_rows import Comparison, Row, Run, train_pairs
 from heads_lab.output.tracking import short_key
 from heads_lab.report import runs_csv
 from heads_lab.report import significance as sig
 from heads_lab.report.labels import as_written
+from heads_lab.report.rows import Comparison, Row, Run, train_pairs
 
 NO_SHARED_SEED = "no seed of the base row"  # a row's p_reason: no p (significance)
 NO_TEXTS = "no {split} translations (hyps.{split}.txt, refs.{split}.txt) in {whose} run dir"

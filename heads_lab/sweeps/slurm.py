@@ -10,7 +10,7 @@ controller (`squeue`): a job squeue still holds as pending, running, requeued or
 keeps squeue's state, and submitit waits for it. A job squeue no longer lists, or lists as ended,
 keeps sacct's state: a job that really failed fails the sweep as before. COMPLETED is never
 second-guessed (its result file is there). The sweep's process installs the watcher when its
-launcher is SLURM's (sweep_end.CountFailures).
+launcher is SLURM's (sweeps/end.py: CountFailures).
 
 A requeued job that really FAILED is not this watcher's to hide: the preemption test once
 released its requeued job (SLURM holds one ~120 s) in the second its first run was killed, and

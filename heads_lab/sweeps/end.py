@@ -13,8 +13,8 @@ from pathlib import Path
 
 from hydra.experimental.callback import Callback
 
-from heads_lab.commands.sweep_signals import _ARM, SLURM_LAUNCHER, WORKER_LAUNCHERS
 from heads_lab.output.files import write_json
+from heads_lab.sweeps.signals import _ARM, SLURM_LAUNCHER, WORKER_LAUNCHERS
 
 FAILED_JOBS: list[str] = []
 
@@ -48,7 +48,7 @@ class CountFailures(Callback):
             for arm in list(_ARM):  # forward_stop_signals: stop signals reach the workers
                 arm(str(config.hydra.sweep.dir))
         if target == SLURM_LAUNCHER:  # a requeued job is waited for, not taken as failed
-            from heads_lab.commands.slurm import use_checked_watcher  # lazy: submitit
+            from heads_lab.sweeps.slurm import use_checked_watcher  # lazy: submitit
 
             use_checked_watcher()
 

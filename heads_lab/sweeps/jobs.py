@@ -17,10 +17,16 @@ from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf.errors import OmegaConfBaseException
 
-from heads_lab.commands import kept_config
-from heads_lab.commands.overrides import check_parses, dir_override
-from heads_lab.commands.sweep_end import FAILED_JOBS, record_failure, record_stopped
-from heads_lab.commands.sweep_signals import (
+from heads_lab.config.compose import compose, expand_sweeps, to_object
+from heads_lab.config.messages import one_line
+from heads_lab.config.validate import validate
+from heads_lab.errors import ConfigError, HeadsLabError, finished_run
+from heads_lab.output.files import LOCK, ensure_writable
+from heads_lab.output.trackers import RUN_FILES, check_installed
+from heads_lab.sweeps import kept_config
+from heads_lab.sweeps.end import FAILED_JOBS, record_failure, record_stopped
+from heads_lab.sweeps.overrides import check_parses, dir_override
+from heads_lab.sweeps.signals import (
     STOPPING,
     SWEEP_PID_ENV,
     dir_arg,
@@ -30,12 +36,6 @@ from heads_lab.commands.sweep_signals import (
     scheduler_handler,
     signal_number,
 )
-from heads_lab.config.compose import compose, expand_sweeps, to_object
-from heads_lab.config.messages import one_line
-from heads_lab.config.validate import validate
-from heads_lab.errors import ConfigError, HeadsLabError, finished_run
-from heads_lab.output.files import LOCK, ensure_writable
-from heads_lab.output.trackers import RUN_FILES, check_installed
 from heads_lab.training import stops
 
 RERUN_ENV = "HEADS_LAB_RERUN"  # --rerun, for this process and launchers' worker processes

@@ -1,6 +1,6 @@
 """The rows of `heads-lab report`: the finished runs read back from their results.json, grouped
 by the settings that vary between them (seeds pooled), the base row, sacrebleu's paired bootstrap
-against it (report_seeds), and the paper's published numbers beside them. Torch-free."""
+against it (report/seeds.py), and the paper's published numbers beside them. Torch-free."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ class Row:
     p_value: float | None = None
     p_reason: str | None = None  # why a row has no p, or p = 1 (significance)
     p_seeds: list | None = None  # the seeds a one-seed bootstrap paired (significance)
-    p_test: str | None = None  # which test gave p (report_seeds.significance)
+    p_test: str | None = None  # which test gave p (report/seeds.py: significance)
 
 
 def collect(dirs: list[Path]) -> tuple[list[Run], list[tuple[str, str]]]:
