@@ -49,11 +49,11 @@ NEEDED = ["hydra-core==1.3.8", "omegaconf==2.3.1", "antlr4-python3-runtime==4.9.
           "hydra-joblib-launcher==1.2.0"]
 # the modules heads-lab imports at start-up and in the parts below, with the wheel that brings each
 # when the image lacks it (the CUDA image has the rest: numpy, rich, sacrebleu, sentencepiece,
-# matplotlib, scikit-learn, joblib, pytest, pyyaml)
+# matplotlib, scikit-learn and its scipy (the report's t-test), joblib, pytest, pyyaml)
 MODULES = {"hydra": "hydra-core", "omegaconf": "omegaconf", "antlr4": "antlr4-python3-runtime",
            "hydra_plugins.hydra_joblib_launcher": "hydra-joblib-launcher", "numpy": None,
            "rich": None, "sacrebleu": None, "sentencepiece": None, "matplotlib": None,
-           "sklearn": None, "joblib": None, "pytest": None, "yaml": None}
+           "sklearn": None, "scipy": None, "joblib": None, "pytest": None, "yaml": None}
 MULTI30K = ("train.", "val.", "test_2016_flickr.")  # de and en: the study's pair
 
 # Each part: (name, share of the budget it may take at most unless it is the last, the seconds
