@@ -1,4 +1,5 @@
-"""`heads-lab report <multirun dirs or run dirs>`: a study's table from the runs' own files.
+"""`heads-lab report <multirun dirs, run dirs or runs.csv files>`: a study's table from the runs'
+own files (a runs.csv a report wrote stands for its runs: a study in parts merges).
 
 Reads every results.json under the dirs (no wandb needed), groups the runs by the settings that vary
 between them (seeds pooled), and writes, next to the first dir (or --out): report.md, report.csv,
@@ -7,10 +8,11 @@ and the PNGs (BLEU and PPL against the swept setting with error bars; quality ag
 validation curves). Each row:
 the varied settings, the head shape (its variant's own kinds: h and kv_heads, or h_K, h and h_V;
 d_k, layers), parameters, valid PPL, test BLEU and chrF as mean ± std over seeds, tokens/s and peak
-memory (and the training pairs where rows differ in them), and sacrebleu's paired bootstrap p-value
-of its BLEU against the base row (the preset's `report.base`, else the first row), on the hypotheses
-of the seeds it shares with the base row (the note names them; a row with other or fewer seeds
-than the others names its own in its p cell); where the preset's `report.x` is one of
+memory (and the training pairs where rows differ in them), and the p of its BLEU against the base
+row (the preset's `report.base`, else the first row): Welch's t over the seeds, its variance the
+seeds' spread plus the test set's (docs/significance.md), where both rows have two or more seeds;
+sacrebleu's paired bootstrap on the seed they share, marked, where one has one; where the
+preset's `report.x` is one of
 report.base's settings (heads_by_data), against the base at the row's own x (h = 8 at the same data
 size). Rows are in the order of their settings, the ones swept on the command line first. Runs that
 failed or never finished are listed, never averaged in; so are runs under another run's dir (a gates

@@ -96,10 +96,23 @@ def lock_dir(path: Path, key: str) -> None:
         os.close(fd)
         raise ConfigError(f"{path} is in use by another heads-lab ({holder}): wait for it to "
                           f"end, or choose another {key}") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}, since "
-                  f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
+    except OSError:  # a file system without locks (some network ones): left unlocked
+        os.close(fd)
+        return
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}, since "
+                      f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
+    except OSError:  # who holds it is a courtesy: the lock holds without it
+        pass
     _HELD[path] = fd
+
+
+def moved(old: Path, new: Path) -> None:
+    """lock_dir's lock follows a dir renamed from `old` to `new` (the same file, still held)."""
+    fd = _HELD.pop(Path(old).resolve(), None)
+    if fd is not None:
+        _HELD[Path(new).resolve()] = fd
 
 
 def unlock_dir(path: Path) -> None:

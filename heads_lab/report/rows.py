@@ -59,18 +59,7 @@ def collect(dirs: list[Path]) -> tuple[list[Run], list[tuple[str, str]]]:
         if not d.is_dir() and not (d.is_file() and d.suffix == ".csv"):
             raise DataError(f"no dir {d}; give multirun or run dirs (e.g. outputs/multiruns/...) "
                             "or a report's runs.csv")
-    run_dirs: list[Path] = []  # dir by dir, in the order given: the first dir's preset rules
-    from_csv: dict[Path, dict] = {}  # runs read from runs.csv files, by their run dir
-    for d in dirs:
-        if d.is_file():
-            for record in runs_csv.read(d):
-                if record["dir"] not in from_csv and record["dir"] not in run_dirs:
-                    from_csv[record["dir"]] = record
-                    run_dirs.append(record["dir"])
-            continue
-        here = ({p.parent.parent for p in d.rglob(".hydra/config.yaml")} |
-                {p.parent for p in d.rglob("results.json")})
-        run_dirs += [r for r in sorted(here) if r not in run_dirs]
+    run_dirs, from_csv = _gather(dirs)
     found = set(run_dirs)
     for run_dir in run_dirs:
         if run_dir in from_csv and not (run_dir / "results.json").is_file():
@@ -121,6 +110,42 @@ def collect(dirs: list[Path]) -> tuple[list[Run], list[tuple[str, str]]]:
         raise DataError(f"no finished runs (results.json) under {', '.join(map(str, dirs))}"
                         f"{skipped}; point heads-lab report at the dirs `heads-lab train` wrote")
     return runs, problems
+
+
+def _gather(dirs: list[Path]) -> tuple[list[Path], dict[Path, dict]]:
+    """collect's run dirs, dir by dir in the order given (the first dir's preset rules), each run
+    once however its dir is written, and the records of the runs read from runs.csv files."""
+    run_dirs: list[Path] = []  # dir by dir, in the order given: the first dir's preset rules
+    from_csv: dict[Path, dict] = {}  # runs read from runs.csv files, by their run dir
+    seen: dict[Path, Path] = {}  # each run once, however its dir is written (relative, ~)
+    for d in dirs:
+        if d.is_file():
+            for record in runs_csv.read(d):
+                key = _where(record["dir"])
+                if key in seen:  # the same run again (its dir given too: its own files rule)
+                    earlier = from_csv.get(seen[key])
+                    if earlier is None or (earlier["config"], earlier["metrics"]) == (
+                            record["config"], record["metrics"]):
+                        continue
+                    # another run that had the same dir (two machines, one sweep dir): its own
+                    record["dir"] = Path(record["results"]["from_csv"])
+                    key = _where(record["dir"])
+                seen[key] = record["dir"]
+                from_csv[record["dir"]] = record
+                run_dirs.append(record["dir"])
+            continue
+        here = ({p.parent.parent for p in d.rglob(".hydra/config.yaml")} |
+                {p.parent for p in d.rglob("results.json")})
+        for run_dir in sorted(here):
+            if _where(run_dir) not in seen:
+                seen[_where(run_dir)] = run_dir
+                run_dirs.append(run_dir)
+    return run_dirs, from_csv
+
+
+def _where(path: Path) -> Path:
+    """A run dir as one key, however it is written (relative, with ~)."""
+    return Path(path).expanduser().resolve()
 
 
 def _not_results(results: dict) -> str | None:

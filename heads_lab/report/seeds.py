@@ -65,6 +65,9 @@ def _seed_test(row: Row, mine: list[Run], base: list[Run], split: str, samples: 
     if any(not isinstance(r.metrics.get(key), (int, float)) for r in (*mine, *base)):
         row.p_reason = f"a run without {key}"
         return
+    if {_test_set(r) for r in mine} != {_test_set(r) for r in base}:  # as recorded
+        row.p_reason = "other test set"
+        return
     texts = {r.dir: _texts(r, split) for r in (*mine, *base)}
     complete = all(t is not None for t in texts.values())  # else: over the seeds alone
     if complete:
@@ -86,7 +89,16 @@ def _seed_test(row: Row, mine: list[Run], base: list[Run], split: str, samples: 
     result = sig.seed_test([r.metrics[key] for r in mine], [r.metrics[key] for r in base],
                            [draws[r.dir] for r in mine] if on_sentences else None,
                            [draws[r.dir] for r in base] if on_sentences else None)
+    if result.se == 0.0 and result.diff != 0.0:  # every run of each row scores alike
+        row.p_reason = "no spread between seeds to weigh the difference by"
+        return
     row.p_value, row.p_test = result.p, result.test
+
+
+def _test_set(run: Run) -> tuple:
+    """What a run was tested on, as its config says (within one data set's table: where the
+    translations are gone, the only check that two rows were scored on the same sentences)."""
+    return run.config.get("eval.sacrebleu_test"), run.config.get("eval.split")
 
 
 def _texts(run: Run, split: str) -> tuple[list[str], list[str]] | None:

@@ -37,7 +37,7 @@ sees only 10 distinct resamples of a system's runs and shrinks their variance by
 a permutation of 3 + 3 runs cannot go below p = 0.1. `scripts/significance_calibration.py`
 measures each candidate's false-positive rate on simulated systems with a seed effect; at 3 seeds
 the pooled paired bootstrap and MultEval's approximate randomization reject far more often than
-they say, and a two-level bootstrap does where the seed effect dominates (docs/analysis.md).
+they say, and a two-level bootstrap does where the seed effect dominates (docs/significance.md).
 With one run on a side its seed variance is unknown: the caller falls back to the paired bootstrap
 of that seed and says so. Where only the runs' scores are at hand (a runs.csv; the translations
 gone) V_sents is unknown and left out: the test is then Welch's t over seeds alone, and says so.
@@ -101,6 +101,8 @@ def sentence_variance(a_draws: Sequence[np.ndarray], b_draws: Sequence[np.ndarra
     """V_sents (module docstring): the variance over the sentence draws of the difference of the
     systems' run means, less each system's runs' own sentence noise, floored at 0."""
     a, b = np.asarray(a_draws, float), np.asarray(b_draws, float)  # [runs, draws]
+    if a.shape[1] < 2:  # one draw has no variance (report --samples 1): none is added
+        return 0.0
     total = float(np.var(a.mean(0) - b.mean(0), ddof=1))
 
     def own_noise(x: np.ndarray) -> float:

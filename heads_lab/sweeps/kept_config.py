@@ -16,7 +16,7 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 
 from heads_lab.errors import ConfigError
-from heads_lab.output.files import lock_dir, unlock_dir
+from heads_lab.output.files import lock_dir, moved, unlock_dir
 
 # run dir → (its checkpoints then: {name: (size, mtime)}, {.hydra file name: bytes})
 KEPT: dict[Path, tuple[dict[str, tuple[int, float]], dict[str, bytes]]] = {}
@@ -31,16 +31,16 @@ class KeepEarlierConfig(Callback):
     def on_run_start(self, config, **kwargs) -> None:
         if int(os.environ.get("RANK", "0")) != 0:  # torchrun: the ranks share rank 0's dir
             return
-        # a dated default dir may not resolve yet (hydra.job.override_dirname is set later),
-        # and is new: there is nothing to keep or lock against
+        # (a dated default dir resolves here too: Hydra sets override_dirname when it composes)
         try:
             run_dir = Path(str(config.hydra.run.dir))
-        except Exception:  # any interpolation error: the dated default
+        except Exception:  # a dir that does not resolve: nothing to keep or lock
             return
         _locked(run_dir, "hydra.run.dir")
         if _resume_never(config) and _trained(run_dir):
-            _set_aside(run_dir)
+            aside = _set_aside(run_dir)  # (its lock, held, goes with it)
             _locked(run_dir, "hydra.run.dir")
+            unlock_dir(aside)
             return
         with contextlib.suppress(Exception):
             keep(run_dir)
@@ -67,15 +67,22 @@ def _trained(run_dir: Path) -> bool:
             and any(folder.iterdir()))
 
 
-def _set_aside(run_dir: Path) -> None:
+def _set_aside(run_dir: Path) -> Path:
     """trainer.resume=never over a run that trained: that run moves whole to
     <dir>.prev-<time>, said on stderr, and this one starts in an empty dir (it overwrote the
     earlier run's best.pt and mixed their step checkpoints before)."""
     aside = run_dir.with_name(f"{run_dir.name}.prev-{time.strftime('%Y%m%d-%H%M%S')}")
-    unlock_dir(run_dir)
-    run_dir.rename(aside)
+    try:  # renamed while locked: no other heads-lab can start in it meanwhile
+        run_dir.rename(aside)
+    except OSError as err:
+        print(f"error: trainer.resume=never would move the run in {run_dir} aside, to {aside}, "
+              f"and cannot ({err.strerror or err}); move or delete it yourself, or choose "
+              "another hydra.run.dir", file=sys.stderr)
+        raise SystemExit(2) from None
+    moved(run_dir, aside)
     print(f"trainer.resume=never: the run that was in {run_dir} (its checkpoints, config and "
           f"log) is now in {aside}; this one starts afresh", file=sys.stderr)
+    return aside
 
 
 def _locked(path: Path, key: str) -> None:

@@ -4,9 +4,11 @@ sets the value the None stands for) are one row; shape columns say only what app
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from pathlib import Path
 
+import numpy as np
 import pytest
 from scipy import stats
 
@@ -604,6 +606,17 @@ def test_a_runs_csv_read_back_gives_the_same_table_and_parts_merge(tmp_path):
     bleu = merged["rows"][1][merged["header"].index("test BLEU")]
     assert bleu == f"{statistics.fmean(30 + 2 + s / 3 for s in (1, 2, 3)):.2f} ± " \
                    f"{statistics.stdev(30 + 2 + s / 3 for s in (1, 2, 3)):.2f}"
+    # the same runs again, their dir written otherwise (relative): each run once
+    same, _ = collect([tmp_path / "seeds12" / "runs.csv",
+                       Path(os.path.relpath(tmp_path / "seeds12" / "runs.csv"))])
+    assert len(same) == 4
+    # two machines, one sweep dir: another part's run under the same path is its own run
+    clash = tmp_path / "clash.csv"
+    clash.write_text((tmp_path / "seed3" / "runs.csv").read_text().replace("gone_h1s3",
+                                                                          "gone_h1s2"))
+    both, _ = collect([tmp_path / "seeds12" / "runs.csv", clash])
+    assert sorted((r.config["model.heads"], r.config["seed"]) for r in both) == [
+        (1, 1), (1, 2), (1, 3), (8, 1), (8, 2), (8, 3)]
     # not a runs.csv heads-lab can read: one line, naming the file or the line
     old = tmp_path / "old.csv"
     with open(tmp_path / "seeds12" / "runs.csv", newline="") as f:
@@ -755,3 +768,29 @@ def test_report_figures_a_reader_can_trust(tmp_path, monkeypatch):
     one[0].metrics.update({"valid/ppl": 6.0})
     plot(*group(one), "test", tmp_path)
     assert kept[0]._suptitle.get_text() == "1 row"
+
+
+def test_the_seed_aware_p_refuses_what_it_cannot_weigh(tmp_path):
+    """Without translations, rows scored on other test sets (another sacrebleu test set) get no
+    p, saying so; rows whose runs all score alike within each row have no spread to weigh their
+    difference by, and say that instead of p < 0.001; one sentence draw adds no variance."""
+    from heads_lab.report import significance as sig
+    from heads_lab.report.seeds import p_text, significance
+
+    runs = [_run(s, heads=h) for h in (1, 8) for s in (1, 2, 3)]
+    for run in runs:
+        run.dir = tmp_path / f"none{run.config['model.heads']}{run.config['seed']}"
+        run.metrics["test/bleu"] = 30.0 + run.config["seed"] / 10 + run.config["model.heads"]
+        run.config["eval.sacrebleu_test"] = "wmt14" if run.config["model.heads"] == 1 else None
+    rows, _ = group(runs)
+    by = {row.runs[0].config["model.heads"]: row for row in rows}
+    significance(rows, by[8], "test", 50)
+    assert p_text(by[1]) == "– (other test set)"
+    for run in runs:
+        run.config["eval.sacrebleu_test"] = None
+        run.metrics["test/bleu"] = 30.0 + run.config["model.heads"]  # no spread at all
+    rows, _ = group(runs)
+    by = {row.runs[0].config["model.heads"]: row for row in rows}
+    significance(rows, by[8], "test", 50)
+    assert p_text(by[1]) == "– (no spread between seeds to weigh the difference by)"
+    assert sig.sentence_variance([np.array([1.0])] * 2, [np.array([0.5])] * 2) == 0.0
