@@ -33,6 +33,7 @@ from heads_lab.config.compose import (
 from heads_lab.config.messages import one_line
 from heads_lab.config.validate import validate
 from heads_lab.errors import ConfigError, HeadsLabError
+from heads_lab.output.files import lock_dir
 from heads_lab.sweeps import end as sweep_end
 from heads_lab.sweeps import jobs as sweeps
 from heads_lab.sweeps import signals as sweep_signals
@@ -203,6 +204,8 @@ def train_task(cfg) -> float | None:
         return None
     with sweeps.user_errors(hydra_cfg):
         run_dir = Path(hydra_cfg.runtime.output_dir)
+        if hydra_cfg.mode == RunMode.MULTIRUN:  # a job's dir, as a single run's: one writer
+            lock_dir(run_dir, "hydra.sweep.dir")
         finished = sweeps.finished_job(run_dir, hydra_cfg)
         if finished is not None:
             return finished
