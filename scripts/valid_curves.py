@@ -13,7 +13,8 @@ A run whose directory is gone can be drawn from a CSV this script wrote before:
 Lines whose labels begin alike (up to the first comma: 'h = 8, base size') share a colour;
 --style TEXT STYLE (repeatable) draws the lines whose label holds TEXT in a matplotlib line style
 (dashed, dotted, dashdot; the first TEXT found wins; else solid): e.g. a style per seed. The
-legend sits below the axes. Writes the figure (--out) and, beside it, a CSV of every point
+legend sits below the axes; --max-step N keeps the validations up to step N. Writes the figure
+(--out) and, beside it, a CSV of every point
 (label, step, valid loss, valid PPL, source), and prints each run's last and lowest validation.
 """
 
@@ -108,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--title", default="valid PPL during training (★ its lowest; one run each)")
     parser.add_argument("--ymax", type=float, default=None,
                         help="the PPL axis' top (default: at most 3× the lowest point)")
+    parser.add_argument("--max-step", type=int, default=None,
+                        help="only the validations up to this step (the early part of runs that "
+                             "went on, beside runs that stopped there)")
     parser.add_argument("--style", nargs=2, action="append", default=[],
                         metavar=("TEXT", "STYLE"), help="lines whose label holds TEXT in STYLE: "
                         + ", ".join(LINE_STYLES))
@@ -117,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     opts = parser.parse_args(argv)
     if opts.out.suffix.lower() != ".png":
         raise SystemExit(f"valid_curves: --out {opts.out} is not a .png (its CSV goes beside it)")
+    if opts.max_step is not None and opts.max_step < 1:
+        raise SystemExit(f"valid_curves: --max-step {opts.max_step}: give a step > 0")
     if opts.ymax is not None and not opts.ymax > 0:
         raise SystemExit(f"valid_curves: --ymax {opts.ymax:g}: the PPL axis' top must be > 0")
     try:  # before any run is read
@@ -136,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         drawn.add((colour, linestyle))
         style = {"color": colour, "linestyle": linestyle}
         points, source = history(run)
-        points = [p for p in points if math.isfinite(p["valid/ppl"])]
+        points = [p for p in points if math.isfinite(p["valid/ppl"])
+                  and (opts.max_step is None or p["step"] <= opts.max_step)]
         if not points:
             raise SystemExit(f"valid_curves: {run} recorded no finite validation ({source})")
         if source == "train.log":  # its own note, where the label (from a CSV) had one

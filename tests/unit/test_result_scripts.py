@@ -465,3 +465,8 @@ def test_valid_curves_never_draws_two_lines_alike(tmp_path, monkeypatch):
     lines = [(k["color"], k.get("linestyle")) for k in drawn if "label" in k]
     assert len(lines) == len(labels) and len(set(lines)) == len(lines)
     assert lines[0][0] == lines[2][0] and lines[2][1] == "dashed"  # seed 2: its group's colour
+    # --max-step: the validations up to that step only
+    assert script.main(["--out", str(tmp_path / "early.png"), "--max-step", "200", "--run",
+                        "h = 8", str(run)]) == 0
+    early = (tmp_path / "early.csv").read_text().splitlines()[1:]
+    assert [line.split(",")[-4] for line in early] == ["100", "200"]
