@@ -14,7 +14,7 @@ ARGS ?=
 PYTEST_JOBS ?= 2
 TESTS ?= tests
 
-.PHONY: install install-dev demo test test-slow lint bench clean clean-outputs
+.PHONY: install install-dev demo test test-slow guard lint bench clean clean-outputs
 
 install: $(STAMP)
 
@@ -50,6 +50,9 @@ test-slow: install-dev  ## the long end-to-end tests; those with signals, resume
 	$(BIN)/python -m pytest -q -m "slow and serial" $(TESTS) $(ARGS) || [ $$? -eq 5 ]
 	@# the CUDA tests that compile (captured step) on the CPU, as make test runs the others
 	HEADS_LAB_CUDA_TESTS_ON=cpu $(BIN)/python -m pytest -q -p no:cacheprovider -m "cuda and slow" tests/cuda
+
+guard: install-dev  ## the guard numbers against tests/guard_numbers.json (a refactor keeps them; ~3 min)
+	$(BIN)/python scripts/guard_numbers.py --out outputs/guard_numbers.json --check tests/guard_numbers.json $(ARGS)
 
 bench: install  ## the speed table and its targets (a few minutes; writes bench.json)
 	$(BIN)/heads-lab bench $(ARGS)
