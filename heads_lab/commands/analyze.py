@@ -26,11 +26,11 @@ from rich.markup import escape
 
 from heads_lab.analysis import analyze
 from heads_lab.analysis.publish import check_sentences, publish
-from heads_lab.commands import runs
-from heads_lab.commands.runs import Command
+from heads_lab.commands.command import Command, open_run
 from heads_lab.config.unread import unread_analysis_settings
 from heads_lab.hf import is_hf
 from heads_lab.model.heads import attention_modules, head_kinds, map_kind, parse_head_mask
+from heads_lab.output.files import output_dir
 from heads_lab.output.tables import wide_console
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ def main(args: list[str]) -> int:
         from heads_lab.commands.hf import analyze_hf  # lazy: start-up time (transformers)
 
         return analyze_hf(args[0], args[1:], started)
-    opened = runs.open_run(COMMAND, args, computes="fp32")  # no autocast: fp32 always
+    opened = open_run(COMMAND, args, computes="fp32")  # no autocast: fp32 always
     if isinstance(opened, int):
         return opened
     run_dir, overrides, t = opened
@@ -80,7 +80,7 @@ def main(args: list[str]) -> int:
     result, sentences = analyze(model, corpus, cfg, device, run.trainer.max_tokens,
                                 run.data.cleaning.normalize)
     check_sentences(cfg.sentences, len(sentences))
-    out = runs.output_dir(run_dir, "analysis", overrides)
+    out = output_dir(run_dir, "analysis", overrides)
     result.update({"run_dir": str(run_dir), "checkpoint": t.checkpoints[0],
                    "overrides": overrides})
     publish(result, sentences, cfg, chosen, corpus.tokenizer, out, run_dir.name, started,

@@ -12,9 +12,8 @@ import contextlib
 import shutil
 import time
 
-from heads_lab.commands import runs
-from heads_lab.commands.runs import Command
-from heads_lab.output.files import write_json
+from heads_lab.commands.command import Command, open_run
+from heads_lab.output.files import output_dir, write_json
 from heads_lab.output.tracking import console, summary_table
 
 COMMAND = Command("eval", "evaluation", ("eval.", "trainer.precision="), __doc__)
@@ -28,12 +27,12 @@ def main(args: list[str]) -> int:
     )
 
     started = time.perf_counter()
-    opened = runs.open_run(COMMAND, args, average_last=None)  # eval.average_last decides
+    opened = open_run(COMMAND, args, average_last=None)  # eval.average_last decides
     if isinstance(opened, int):
         return opened
     run_dir, overrides, t = opened
     run = t.run
-    out_dir = runs.output_dir(run_dir, "evals", overrides)
+    out_dir = output_dir(run_dir, "evals", overrides)
     try:
         split, ppl, scores = evaluate_on_split(run, t.model, t.corpus, t.device, out_dir, "")
     except BaseException:  # (a sacrebleu test set offline): no half-written eval dir is left

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from heads_lab.analysis.publish import check_sentences, publish
-from heads_lab.commands import runs
 from heads_lab.config.compose import cache_dir, compose, to_object
 from heads_lab.config.sites import parse_head_mask
 from heads_lab.config.unread import unread_analysis_settings, unread_prune_settings
@@ -28,7 +27,7 @@ from heads_lab.hf import analysis as hf_analysis
 from heads_lab.hf import prune as hf_prune
 from heads_lab.hf.models import Pretrained, account, load
 from heads_lab.output.curves import plot_curves
-from heads_lab.output.files import write_json
+from heads_lab.output.files import output_dir, write_json
 from heads_lab.output.tables import show, to_rich, write_csv, write_markdown
 from heads_lab.output.tracking import console
 
@@ -67,7 +66,7 @@ def _out(pre: Pretrained, kind: str, overrides: list[str]) -> Path:
     safe = part(pre.name)
     if not safe.strip("."):
         safe = part(Path(pre.name).expanduser().resolve().name).strip(".")
-    return runs.output_dir(Path("outputs") / "hf" / (safe or "model"), kind, overrides)
+    return output_dir(Path("outputs") / "hf" / (safe or "model"), kind, overrides)
 
 
 def _texts(run, overrides: list[str], split: str) -> tuple[list[str], list[str] | None] | None:

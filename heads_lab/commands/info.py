@@ -94,7 +94,7 @@ def _sweep_columns(overrides: list[str]) -> tuple[list, list[int], str | None]:
 
 def _info_runs(run_dirs: list[Path], as_json: bool) -> int:
     """`heads-lab info <run dir> ...`: each run's account, from its saved config."""
-    from heads_lab.commands.runs import compose_run  # lazy: the runs module (yaml, torch-free)
+    from heads_lab.training.runs import compose_run  # lazy: the runs module (yaml, torch-free)
 
     return _print_accounts([_account_column(str(d), compose_run(d, [])[1], _trained_lengths(d))
                             for d in run_dirs], as_json=as_json)

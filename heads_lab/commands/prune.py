@@ -32,15 +32,14 @@ from typing import Any
 
 from rich.table import Table
 
-from heads_lab.commands import runs
-from heads_lab.commands.runs import Command
+from heads_lab.commands.command import Command
 from heads_lab.config.sites import KEPT_COLUMNS, SITES
 from heads_lab.config.unread import unread_prune_settings
 from heads_lab.config.variants import variant
 from heads_lab.errors import ConfigError
 from heads_lab.hf import is_hf
 from heads_lab.output.curves import plot_curves
-from heads_lab.output.files import write_json, write_lines
+from heads_lab.output.files import output_dir, write_json, write_lines
 from heads_lab.output.progress import clock
 from heads_lab.output.tables import show, to_rich, write_csv, write_markdown
 from heads_lab.output.tracking import console
@@ -68,8 +67,9 @@ def main(args: list[str]) -> int:
 
 def prune_run(run_dir: Path, overrides: list[str]) -> dict[str, Any]:
     from heads_lab.model.heads import gates_of  # lazy: start-up time (torch)
+    from heads_lab.training.runs import load  # lazy: start-up time (torch)
 
-    t = runs.load(run_dir, overrides)
+    t = load(run_dir, overrides)
     run, model, corpus, device = t.run, t.model, t.corpus, t.device
     if gates_of(model) is not None:
         raise ConfigError(f"{run_dir} was trained with head gates (prune.l0_lambda="
@@ -90,7 +90,7 @@ def prune_run(run_dir: Path, overrides: list[str]) -> dict[str, Any]:
         console.print(f"{what} cannot lose heads one by one: pruned heads are masked (their "
                       "outputs zeroed), not removed; params and speed stay the full model's")
     # what tells prune dirs apart comes first
-    out = runs.output_dir(run_dir, "prune", overrides, first=("prune.method=", "prune.l0_lambda="))
+    out = output_dir(run_dir, "prune", overrides, first=("prune.method=", "prune.l0_lambda="))
     eval_split = _head(corpus.splits[p.eval_split], p.eval_sentences)
     if p.method == "importance":
         result = importance_curves(run, model, corpus, eval_split, device, out, remove)

@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from heads_lab.commands.runs import evaluated_best
 from heads_lab.config.compose import cache_dir
 from heads_lab.config.cost import Lengths, account
 from heads_lab.config.schemas import LoggerConfig, RunConfig
@@ -47,6 +46,7 @@ from heads_lab.training.evaluate import (
     translate,
 )
 from heads_lab.training.loop import seed_everything, train
+from heads_lab.training.runs import evaluated_best
 from heads_lab.training.stops import stop_signals
 
 log = logging.getLogger(__name__)

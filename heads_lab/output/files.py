@@ -120,3 +120,22 @@ def unlock_dir(path: Path) -> None:
     fd = _HELD.pop(Path(path).resolve(), None)
     if fd is not None:
         os.close(fd)
+
+
+def output_dir(run_dir: Path, kind: str, overrides: list[str], first: tuple[str, ...] = ()) -> Path:
+    """A new dir run_dir/<kind>/<date>_<time>_<overrides> (overrides starting with `first`
+    lead, so dirs of a sweep tell apart), never an existing one. The label keeps whole
+    overrides up to 80 characters and counts the rest (`+2`): the full list is in the dir's
+    JSON."""
+    ordered = sorted(overrides, key=lambda o: not o.startswith(first)) if first else overrides
+    parts = ["".join(c if c.isalnum() or c in "=.,-_" else "-" for c in o) for o in ordered]
+    label = ""
+    for i, part in enumerate(parts):
+        more = f",+{len(parts) - i}"
+        if label and len(label) + 1 + len(part) + (len(more) if i < len(parts) - 1 else 0) > 80:
+            label += more
+            break
+        label = f"{label},{part}" if label else part[:80]
+    out = run_dir / kind / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_{label or 'defaults'}"
+    out.mkdir(parents=True, exist_ok=False)
+    return out

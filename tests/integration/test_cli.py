@@ -406,9 +406,9 @@ def test_a_training_subset_is_fixed_nested_and_recorded(tmp_path):
 def test_the_best_validation_weights_are_evaluated_when_asked(tmp_path):
     import torch
 
-    from heads_lab.commands.runs import load
     from heads_lab.training import checkpoint
     from heads_lab.training.evaluate import perplexity
+    from heads_lab.training.runs import load
 
     # a learning rate that climbs to 1.0 over the 30 steps: the model gets better, then diverges,
     # so the best validation is an early one and the last is far worse
@@ -566,9 +566,9 @@ def test_a_run_read_back_with_auto_is_computed_in_the_precision_it_trained_in(
     precision. analyze computes in fp32 whatever the run names, so bf16 is never refused there."""
     import heads_lab.training.device as device
     from heads_lab.commands import analyze
-    from heads_lab.commands.runs import load
     from heads_lab.errors import ConfigError
     from heads_lab.training import checkpoint
+    from heads_lab.training.runs import load
 
     run_dir = tmp_path / "run"
     proc = heads_lab("train", "+experiment=table_a", *TINY, "data=synthetic", "seed=1",
@@ -592,13 +592,13 @@ def test_a_run_read_back_with_auto_is_computed_in_the_precision_it_trained_in(
         label(trained, told or trained)
         return str(load(run_dir, list(overrides), computes=computes).run.trainer.precision)
 
-    with caplog.at_level(logging.INFO, logger="heads_lab.commands.runs"):
+    with caplog.at_level(logging.INFO, logger="heads_lab.training.runs"):
         assert read_back(True, "fp32") == "fp32"
     assert "the run trained in fp32, so it is read back in fp32" in caplog.text
     assert read_back(False, "fp32") == "fp32"
     assert read_back(True, "bf16") == "bf16"
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="heads_lab.commands.runs"):
+    with caplog.at_level(logging.WARNING, logger="heads_lab.training.runs"):
         assert read_back(False, "bf16") == "fp32"
     assert "the run trained in bf16, which is not native here: it is read back in fp32" in \
         caplog.text

@@ -413,7 +413,7 @@ def test_an_auto_checkpoint_from_before_precision_was_recorded_resumes_with_a_wa
 def test_checkpoint_averaging_is_the_float64_mean_cast_back():
     """`heads-lab eval eval.average_last=N`: each float tensor the mean of the N checkpoints'
     (summed in float64, then in its own dtype, bf16 included); integer buffers from the first."""
-    from heads_lab.commands.runs import average
+    from heads_lab.training.runs import average
 
     g = torch.Generator().manual_seed(0)
     states = [{"w": torch.randn(4, 3, generator=g), "b": torch.randn(5, generator=g).bfloat16(),
@@ -433,7 +433,7 @@ def test_a_read_back_model_is_checked_against_the_checkpoints_own_record(tmp_pat
     setting that differs from the checkpoint's record is refused, written as an override writes
     it (null, not None); settings that act in training only (dropout, a mix's start, which a
     preset may change later) and settings the checkpoint predates pass."""
-    from heads_lab.commands.runs import _check_same_model
+    from heads_lab.training.runs import _check_same_model
     from tests.conftest import compose
 
     cfg = compose(["model.attention=talking_heads", "model.mix_init=normal",

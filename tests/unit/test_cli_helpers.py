@@ -185,7 +185,7 @@ def test_a_launcher_whose_plugin_is_missing_names_its_extra():
 
 
 def test_an_output_dirs_label_keeps_whole_overrides_and_counts_the_rest(tmp_path):
-    from heads_lab.commands.runs import output_dir
+    from heads_lab.output.files import output_dir
 
     long = ["analysis.max_sentences=40", "analysis.heatmaps=[enc:1:0,dec-enc:0:*]",
             "analysis.sentences=[0,3]", "analysis.lrp=false"]

@@ -1,85 +1,24 @@
-"""A trained run read back, for the commands that work on one (eval, analyze, prune): their
-shared command line, the run's config rebuilt from its dir, its model from its checkpoints (the
-newest valid one, or the last N averaged) with its corpus, and a dated output dir inside it."""
+"""A trained run read back, for the commands that work on one (eval, analyze, prune): the run's
+config rebuilt from its dir, its model from its checkpoints (the newest valid one, or the last N
+averaged) with its corpus."""
 
 from __future__ import annotations
 
 import json
 import logging
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from heads_lab.config.compose import cache_dir, compose, expand_sweeps, to_dict, to_object
+from heads_lab.config.compose import cache_dir, compose, to_dict, to_object
 from heads_lab.config.validate import validate
-from heads_lab.errors import CheckpointError, ConfigError, DataError
+from heads_lab.errors import CheckpointError, DataError
 
 log = logging.getLogger(__name__)
 NO_CHECKPOINTS = ("{run_dir} holds no checkpoints (checkpoints/step_*.pt); was it trained with "
                   "trainer.save_checkpoint=false?")
-# settings every command on a trained run may change: where things are and what runs them
-COMMON = ("data.root=", "trainer.device=", "trainer.threads=", "trainer.max_tokens=", "paths.")
-
-
-@dataclass
-class Command:
-    """One command on a trained run: its name, what it changes (`scope`, `allowed` prefixes of
-    overrides), its usage line and help text, and shorthands (prune's method= for
-    prune.method=)."""
-
-    name: str
-    scope: str
-    allowed: tuple[str, ...]
-    doc: str
-    shorthands: tuple[str, ...] = ()
-    sweeps: bool = False  # -m runs one job per comma value
-
-    @property
-    def usage(self) -> str:
-        first = self.allowed[0].rstrip(".")
-        return (f"heads-lab {self.name} <run dir> {'[-m] ' if self.sweeps else ''}[{first}.KEY=VALUE "
-                "...] [data.root=DIR] [trainer.device=...]")
-
-    def parse(self, args: list[str]) -> tuple[Path, list[list[str]]] | int:
-        """(run dir, the overrides of each job), or the exit code of a help request. A setting
-        outside `allowed` is a ConfigError naming it, what may change and the usage."""
-        multirun = any(a in ("-m", "--multirun") for a in args)
-        args = [a for a in args if a not in ("-m", "--multirun")]  # -m before the dir too
-        if not args or args[0] in ("-h", "--help"):
-            print(f"usage: {self.usage}\n\n{self.doc}")
-            return 0 if args else 2
-        if multirun and not self.sweeps:
-            raise ConfigError(f"heads-lab {self.name} runs no sweeps: drop -m, and run it once "
-                              "per value")
-        rest = args[1:]
-        rest = [f"{self.allowed[0]}{a}" if a.startswith(self.shorthands) else a for a in rest]
-        bad = [o for o in rest if not o.lstrip("+").startswith(self.allowed + COMMON)]
-        if bad:
-            shown = ", ".join(a.rstrip("=") + ("*" if a.endswith(".") else "")
-                              for a in self.allowed + COMMON)
-            raise ConfigError(f"{bad[0]!r} cannot change here: heads-lab {self.name} changes "
-                              f"{self.scope} settings only; allowed: {shown} (usage: {self.usage})")
-        jobs = expand_sweeps(rest) if self.sweeps and multirun else [rest]
-        if len(jobs) == 1 and len(expand_sweeps(rest)) > 1:
-            raise ConfigError("comma-separated values sweep: add -m" if self.sweeps else
-                              f"heads-lab {self.name} runs no sweeps, so a value with commas "
-                              "goes in quotes (a head list: \"eval.head_mask='enc:0:3,enc:1:2'\");"
-                              " to compare values, run it once per value")
-        return Path(args[0]), jobs
-
-
-def open_run(command: Command, args: list[str], average_last: int | None = 1,
-             computes: str | None = None):
-    """A single-job command's start: (run dir, overrides, the run read back), or the exit code
-    of a help request. `computes`: see `load`."""
-    parsed = command.parse(args)
-    if isinstance(parsed, int):
-        return parsed
-    run_dir, (overrides,) = parsed
-    return run_dir, overrides, load(run_dir, overrides, average_last, computes)
 
 
 def compose_run(run_dir: Path, overrides: list[str]):
@@ -348,23 +287,4 @@ def average(states: list[dict]) -> dict:
             out[key] = (total / len(states)).to(first.dtype)
         else:
             out[key] = first
-    return out
-
-
-def output_dir(run_dir: Path, kind: str, overrides: list[str], first: tuple[str, ...] = ()) -> Path:
-    """A new dir run_dir/<kind>/<date>_<time>_<overrides> (overrides starting with `first`
-    lead, so dirs of a sweep tell apart), never an existing one. The label keeps whole
-    overrides up to 80 characters and counts the rest (`+2`): the full list is in the dir's
-    JSON."""
-    ordered = sorted(overrides, key=lambda o: not o.startswith(first)) if first else overrides
-    parts = ["".join(c if c.isalnum() or c in "=.,-_" else "-" for c in o) for o in ordered]
-    label = ""
-    for i, part in enumerate(parts):
-        more = f",+{len(parts) - i}"
-        if label and len(label) + 1 + len(part) + (len(more) if i < len(parts) - 1 else 0) > 80:
-            label += more
-            break
-        label = f"{label},{part}" if label else part[:80]
-    out = run_dir / kind / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_{label or 'defaults'}"
-    out.mkdir(parents=True, exist_ok=False)
     return out
