@@ -18,71 +18,32 @@ bertviz_head_view.html).
 
 from __future__ import annotations
 
-import logging
 import time
-from pathlib import Path
 
-from rich.markup import escape
-
-from heads_lab.analysis import analyze
-from heads_lab.analysis.publish import check_sentences, publish
-from heads_lab.commands.command import Command, open_run
+from heads_lab.analysis.publish import publish
+from heads_lab.analysis.subject import analyze
+from heads_lab.commands.command import Command, open_subject
+from heads_lab.config.sites import parse_head_mask
 from heads_lab.config.unread import unread_analysis_settings
-from heads_lab.hf import is_hf
-from heads_lab.model.heads import attention_modules, head_kinds, map_kind, parse_head_mask
 from heads_lab.output.files import output_dir
-from heads_lab.output.tables import wide_console
 
-log = logging.getLogger(__name__)
 COMMAND = Command("analyze", "analysis", ("analysis.",), __doc__)
-
-
-def _check_treebank_language(path: str, src: str, console) -> str | None:
-    """One line when analysis.treebank's language (UD's file name, <lang>_<name>-ud-<split>.conllu)
-    is not the model's source language: its sentences may still match the tokenizer (a joint
-    vocabulary reads both), but the heads then read text they were not trained to read. The
-    analysis goes on; the line says so. Returns the treebank's language code, if the name has one."""
-    if not path:
-        return None
-    name = Path(path).name
-    lang = name.split("_", 1)[0] if "_" in name and "-ud-" in name else None
-    if lang and src and lang != src:
-        console.print(f"[yellow]analysis.treebank {escape(name)} is in '{lang}', but the model's "
-                      f"source language is '{src}' (data.src): its heads are analysed on text of "
-                      f"another language; use a {src} treebank (e.g. {src}_pud-ud-test.conllu.gz)[/]",
-                      markup=True)
-    return lang
 
 
 def main(args: list[str]) -> int:
     started = time.perf_counter()
-    if args and is_hf(args[0]):  # a pretrained Hugging Face model (heads_lab.hf)
-        from heads_lab.commands.hf import analyze_hf  # lazy: start-up time (transformers)
-
-        return analyze_hf(args[0], args[1:], started)
-    opened = open_run(COMMAND, args, computes="fp32")  # no autocast: fp32 always
-    if isinstance(opened, int):
-        return opened
-    run_dir, overrides, t = opened
-    run, model, corpus, device = t.run, t.model, t.corpus, t.device
-    cfg = run.analysis
-    for warning in unread_analysis_settings(overrides, cfg, pretrained=False):
-        log.warning(warning)
-    modules = attention_modules(model)
-    # heatmaps draw attention maps: their heads are the maps' kind (softmax heads, h of them)
-    map_heads = {key: head_kinds(m)[map_kind(m)] for key, m in modules.items()}
-    chosen = parse_head_mask(",".join(cfg.heatmaps), map_heads)  # early errors
-    _check_treebank_language(cfg.treebank, run.data.src, console=wide_console())
-    if not cfg.treebank:  # known before the maps are made; a treebank's count after
-        split = corpus.splits[cfg.split]
-        check_sentences(cfg.sentences, len(split) if cfg.max_sentences is None
-                         else min(len(split), cfg.max_sentences))
-    result, sentences = analyze(model, corpus, cfg, device, run.trainer.max_tokens,
-                                run.data.cleaning.normalize)
-    check_sentences(cfg.sentences, len(sentences))
-    out = output_dir(run_dir, "analysis", overrides)
-    result.update({"run_dir": str(run_dir), "checkpoint": t.checkpoints[0],
-                   "overrides": overrides})
-    publish(result, sentences, cfg, chosen, corpus.tokenizer, out, run_dir.name, started,
-            f"weights: {t.checkpoints[0]}")
+    parsed = COMMAND.parse(args)
+    if isinstance(parsed, int):
+        return parsed
+    spec, (overrides,) = parsed
+    subject = open_subject(spec, "analyze", overrides)  # a run dir, or hf:<model>
+    cfg = subject.run.analysis
+    for warning in unread_analysis_settings(overrides, cfg, pretrained=subject.pretrained):
+        subject.warn(warning)
+    chosen = parse_head_mask(",".join(cfg.heatmaps), subject.map_heads)  # early errors
+    result, sentences = analyze(subject, cfg)
+    out = output_dir(subject.home, "analysis", overrides)
+    result.update({**subject.identity, "overrides": overrides})
+    publish(result, sentences, cfg, chosen, subject.tokenizer, out, subject.name, started,
+            subject.said(result))
     return 0

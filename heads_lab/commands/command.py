@@ -1,5 +1,6 @@
-"""The command line shared by the commands that work on a trained run (eval, analyze, prune):
-`heads-lab <verb> <run dir> [-m] [overrides]`, what each may change, and its help."""
+"""The command line shared by the commands that work on a model's heads or a trained run (eval,
+analyze, prune): `heads-lab <verb> <run dir | hf:model> [-m] [overrides]`, what each may change,
+its help, and the model it names (open_subject)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 from heads_lab.config.compose import expand_sweeps
 from heads_lab.errors import ConfigError
+from heads_lab.hf import is_hf
 
 # settings every command on a trained run may change: where things are and what runs them
 COMMON = ("data.root=", "trainer.device=", "trainer.threads=", "trainer.max_tokens=", "paths.")
@@ -32,9 +34,10 @@ class Command:
         return (f"heads-lab {self.name} <run dir> {'[-m] ' if self.sweeps else ''}[{first}.KEY=VALUE "
                 "...] [data.root=DIR] [trainer.device=...]")
 
-    def parse(self, args: list[str]) -> tuple[Path, list[list[str]]] | int:
-        """(run dir, the overrides of each job), or the exit code of a help request. A setting
-        outside `allowed` is a ConfigError naming it, what may change and the usage."""
+    def parse(self, args: list[str]) -> tuple[Path | str, list[list[str]]] | int:
+        """(run dir, or an `hf:` model's name, as given; the overrides of each job), or the exit
+        code of a help request. A setting outside `allowed` is a ConfigError naming it, what may
+        change and the usage (for an `hf:` model its adapter checks them)."""
         multirun = any(a in ("-m", "--multirun") for a in args)
         args = [a for a in args if a not in ("-m", "--multirun")]  # -m before the dir too
         if not args or args[0] in ("-h", "--help"):
@@ -45,7 +48,9 @@ class Command:
                               "per value")
         rest = args[1:]
         rest = [f"{self.allowed[0]}{a}" if a.startswith(self.shorthands) else a for a in rest]
-        bad = [o for o in rest if not o.lstrip("+").startswith(self.allowed + COMMON)]
+        pretrained = is_hf(args[0])  # what it may change is the adapter's (heads_lab.hf.subject)
+        bad = [o for o in rest if not pretrained and not o.lstrip("+").startswith(
+            self.allowed + COMMON)]
         if bad:
             shown = ", ".join(a.rstrip("=") + ("*" if a.endswith(".") else "")
                               for a in self.allowed + COMMON)
@@ -57,7 +62,7 @@ class Command:
                               f"heads-lab {self.name} runs no sweeps, so a value with commas "
                               "goes in quotes (a head list: \"eval.head_mask='enc:0:3,enc:1:2'\");"
                               " to compare values, run it once per value")
-        return Path(args[0]), jobs
+        return (args[0] if pretrained else Path(args[0])), jobs
 
 
 def open_run(command: Command, args: list[str], average_last: int | None = 1,
@@ -71,3 +76,25 @@ def open_run(command: Command, args: list[str], average_last: int | None = 1,
         return parsed
     run_dir, (overrides,) = parsed
     return run_dir, overrides, load(run_dir, overrides, average_last, computes)
+
+
+def open_subject(spec: str | Path, verb: str, overrides: list[str]):
+    """The model whose heads `verb` ("analyze", "prune") measures, a Subject
+    (heads_lab/analysis/subject.py), by the name the command line gives: `hf:<model>` a
+    pretrained Hugging Face model (heads_lab/hf/subject.py), else a run dir (a run trained here:
+    heads_lab/subjects/trained.py); `overrides` are checked against what the verb may change for
+    that family. A new family is its adapter file and a line here."""
+    if is_hf(str(spec)):
+        from heads_lab.hf.subject import open_pretrained  # lazy: start-up time (transformers)
+
+        return open_pretrained(str(spec), verb, overrides)
+    from heads_lab.subjects.trained import open_trained  # lazy: start-up time (torch)
+
+    return open_trained(Path(spec), verb, overrides)
+
+
+def accounts(specs: list[str]) -> dict:
+    """`info`'s table of pretrained `hf:` models side by side (heads_lab.hf.subject.accounts)."""
+    from heads_lab.hf.subject import accounts as pretrained  # lazy: start-up time (transformers)
+
+    return pretrained(specs)

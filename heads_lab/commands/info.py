@@ -1,6 +1,6 @@
 """`heads-lab info`: what configs cost (parameters, FLOPs per token, attention memory) side by
 side, from their configs alone: overrides and comma lists, a preset's own sweep, trained runs'
-saved configs, or pretrained hf: models (heads_lab.commands.hf)."""
+saved configs, or pretrained hf: models (heads_lab.hf.subject)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import dataclasses
 import json
 from pathlib import Path
 
+from heads_lab.commands.command import is_hf
 from heads_lab.config.compose import compose, to_object
 from heads_lab.config.cost import Lengths, account, gate_parameters
 from heads_lab.config.validate import validate
 from heads_lab.errors import ConfigError
-from heads_lab.hf import is_hf
 from heads_lab.sweeps import jobs as sweeps
 
 INFO_HELP = """usage: heads-lab info [overrides | run dirs | hf:<model>s] [--json]
@@ -62,9 +62,16 @@ def main(args: list[str]) -> int:
         if not all(is_hf(a) for a in overrides):
             raise ConfigError("info: give either hf: models (heads-lab info hf:bert-base-uncased "
                               "hf:distilbert-base-uncased) or config overrides, not both")
-        from heads_lab.commands.hf import info_hf  # lazy: start-up time (torch, transformers)
+        from heads_lab.commands.command import accounts  # lazy: start-up time (torch, transformers)
+        from heads_lab.output.tables import show, to_rich  # lazy: start-up time (rich)
 
-        return info_hf(overrides, "--json" in args)
+        table = accounts(overrides)
+        if "--json" in args:
+            print(json.dumps(table.pop("accounts"), indent=2))
+        else:
+            table.pop("accounts")
+            show(to_rich(table, "heads-lab info"), width=160)
+        return 0
     return _print_accounts(*_sweep_columns(overrides), as_json="--json" in args)
 
 

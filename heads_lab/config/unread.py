@@ -14,10 +14,11 @@ READS = {  # what `heads-lab prune` reads, by method
 }
 
 
-def unread_prune_settings(overrides: list[str], command: str, prune) -> list[str]:
-    """A warning line for each prune.KEY=VALUE of `overrides` that `command` ("train", "prune",
-    or "prune hf", which runs method=importance only) does not read with the config `prune` (a
-    PruneConfig)."""
+def unread_prune_settings(overrides: list[str], command: str, prune,
+                          pretrained: bool = False) -> list[str]:
+    """A warning line for each prune.KEY=VALUE of `overrides` that `command` ("train", "prune";
+    of a `pretrained` model it runs method=importance only) does not read with the config
+    `prune` (a PruneConfig)."""
     method = getattr(prune.method, "value", prune.method)
     warnings = []
     for item in overrides:
@@ -34,7 +35,7 @@ def unread_prune_settings(overrides: list[str], command: str, prune) -> list[str
                    "does not prune a run trained with gates")
             warnings.append(f"{item} has no effect on this training: {why}")
         elif name not in READS[method]:
-            other = ("prune hf:... runs method=importance only" if command == "prune hf" else
+            other = ("prune hf:... runs method=importance only" if pretrained else
                      f"only method={'gates' if method == 'importance' else 'importance'} "
                      "reads it")
             warnings.append(f"{item} has no effect with method={method}: {other}")

@@ -7,7 +7,10 @@ al.'s iterative importance pruning with the model's task metric.
 
 - models.py: loading (offline: one line), the families and where their heads are
 - heads.py: attention maps per sentence, head gates through hooks (masks, importance)
-- run.py: info, analyze and prune for `hf:` names
+- analysis.py: the sentences analysed (a treebank, a data set's split) and what is not measured
+- prune.py: a pruning point's task metric (BLEU and chrF, or masked-LM accuracy)
+- subject.py: the adapter (heads_lab/analysis/subject.py's Subject) analyze and prune read, its
+  command line, its output dirs; info's table
 """
 
 HF_PREFIX = "hf:"

@@ -1,5 +1,5 @@
-"""`analyze` of an `hf:` model: heads-lab's measures (analysis/record.py `measure`) on the
-model's own attention maps.
+"""`analyze` of an `hf:` model (its Subject: heads_lab.hf.subject): heads-lab's measures
+(analysis/record.py `measure`) on the model's own attention maps.
 
 - Sentences: analysis.treebank's (its `# text`, and with analysis.treebank_ref a translator's
   decoder teacher-forced on the translation), or the first analysis.max_sentences of a data
@@ -17,17 +17,14 @@ model's own attention maps.
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from heads_lab.analysis.maps import Sentence
-from heads_lab.analysis.record import Source, measure
+from heads_lab.analysis.record import Source
 from heads_lab.analysis.syntax import read_conllu, treebank_split
 from heads_lab.data import Split
 from heads_lab.errors import ConfigError
-from heads_lab.hf import heads as hf_heads
 from heads_lab.hf.models import Pretrained
 
 log = logging.getLogger(__name__)
@@ -77,24 +74,12 @@ def source(pre: Pretrained, cfg, texts: tuple[list[str], list[str] | None] | Non
                   list(range(n)))
 
 
-def analyze(pre: Pretrained, cfg, src: Source, device="cpu") -> tuple[dict[str, Any],
-                                                                       list[Sentence]]:
-    """Every measure heads-lab applies to its own models, on `src`'s sentences."""
-    n = len(src.split)
-    ids = [[int(t) for t in src.split.src[i]] for i in range(n)]
-    targets = ([[int(t) for t in src.split.tgt[i]] for i in range(n)]
-               if src.has_target and pre.family.seq2seq else None)
-    sentences = hf_heads.maps(pre, ids, targets, device)
-    gradient = {}
-    if targets is not None or not pre.family.seq2seq:  # a translator's loss needs references
-        gradient["importance"] = hf_heads.importance(pre, ids, targets, device)
-    freq = Counter(t for s in ids for t in s)
-    modules = {key: HeadsOf(n) for key, n in pre.heads.items()}
-    result = measure(sentences, src, modules, gradient, freq, pre.tokens, cfg)
-    result["not_measured"] = dict(NOT_MEASURED)
+def notes(pre: Pretrained, gradient: dict) -> dict[str, Any]:
+    """What analysis.json adds of an `hf:` model: the measures not made (and why) and the model."""
+    not_measured = dict(NOT_MEASURED)
     if "importance" not in gradient:
-        result["not_measured"]["importance"] = ("a translator's loss needs references: give "
-                                                "analysis.treebank_ref (e.g. text_en)")
-    result["model"] = {"name": pre.name, "family": pre.family.name,
-                       "rare_frequencies": "the analysed sentences' own tokens"}
-    return result, sentences
+        not_measured["importance"] = ("a translator's loss needs references: give "
+                                      "analysis.treebank_ref (e.g. text_en)")
+    return {"not_measured": not_measured,
+            "model": {"name": pre.name, "family": pre.family.name,
+                      "rare_frequencies": "the analysed sentences' own tokens"}}

@@ -1,8 +1,7 @@
-"""Michel et al. 2019's iterative pruning of an `hf:` model: compute head importance under the
-current mask, mask the prune.step least important heads still in scope, evaluate, repeat until
-every head in scope is masked; one curve per attention type in prune.sites the model has and one
-over them together. Heads are masked (their outputs zeroed where they enter the output
-projection, heads_lab.hf.heads), not removed: parameters stay as they are.
+"""A point of Michel et al. 2019's iterative pruning of an `hf:` model (the loop is
+heads_lab.analysis.subject.importance_curves): its task metric with heads masked (their outputs
+zeroed where they enter the output projection, heads_lab.hf.heads), not removed: parameters
+stay as they are.
 
 The task metric is the family's: a translator's BLEU and chrF (sacrebleu, on beam-search
 translations of the first prune.eval_sentences of the evaluation split) and its reference
@@ -18,7 +17,6 @@ from typing import Any
 
 import torch
 
-from heads_lab.analysis.importance import least_important
 from heads_lab.hf import heads as hf_heads
 from heads_lab.hf.models import Pretrained
 
@@ -62,38 +60,7 @@ def evaluate(pre: Pretrained, src: list[list[int]], tgt: list[list[int]] | None,
     return row
 
 
-def curves(pre: Pretrained, importance_data: tuple, eval_data: tuple, sites: list[str],
-           step: float, beam: int, device="cpu", say=print) -> dict[str, list[dict[str, Any]]]:
-    """{scope: rows}: each row the fraction of the scope's heads masked, how many per site are
-    kept, the task metric and which heads are masked. `importance_data` = (src, tgt) where the
-    importance is measured, `eval_data` = (src, tgt, refs) where the metric is."""
-    have = [s for s in sites if any(key[0] == s for key in pre.heads)]
-    scopes = [[s] for s in have] + ([have] if len(have) > 1 else [])
-    start = _row(pre, {}, eval_data, beam, device, 0.0)
-    out = {}
-    for scope in scopes:
-        name = "+".join(scope) if len(scope) > 1 else scope[0]
-        keys = [key for key in pre.heads if key[0] in scope]
-        in_scope = sum(pre.heads[key] for key in keys)
-        per_step = max(1, round(step * in_scope))
-        masked: dict[tuple[str, int], list[int]] = {}
-        rows = [start]
-        while sum(len(v) for v in masked.values()) < in_scope:
-            with hf_heads.masked(pre, masked):
-                scores = hf_heads.importance(pre, *importance_data, device)
-            in_keys = {(site, layer): scores[(site, layer, "head")] for site, layer in keys}
-            for site, layer, h in least_important(in_keys, masked, per_step):
-                masked.setdefault((site, layer), []).append(h)
-            n = sum(len(v) for v in masked.values())
-            row = _row(pre, masked, eval_data, beam, device, n / in_scope)
-            rows.append(row)
-            say(f"importance pruning {name}: {n}/{in_scope} heads masked → "
-                + ", ".join(f"{k} {row[k]:.3f}" for k in ("bleu", "accuracy", "ppl") if k in row))
-        out[name] = rows
-    return out
-
-
-def _row(pre: Pretrained, masked: dict, eval_data: tuple, beam: int, device,
+def row(pre: Pretrained, masked: dict, eval_data: tuple, beam: int, device,
          fraction: float) -> dict[str, Any]:
     ev = evaluate(pre, *eval_data, masked, beam, device)
     kept = {}

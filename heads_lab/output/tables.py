@@ -12,6 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table as Rich
 
+from heads_lab.config.sites import KEPT_COLUMNS, SITES
 from heads_lab.output import tracking
 from heads_lab.output.files import write_atomic
 
@@ -105,3 +106,17 @@ def plain(table: Table) -> Table:
             else:
                 out.append(number(cell))
     return {**table, "header": out_header, "rows": out_rows}
+
+
+def gate_table(results: list[dict]) -> Rich:
+    """`prune -m prune.l0_lambda=...`'s jobs side by side: heads kept per attention type vs BLEU,
+    as Voita et al.'s table."""
+    rules = " / ".join(sorted({r.get("gate_eval", "binary") for r in results}))
+    table = Rich(title=f"Hard Concrete gates (Voita et al. 2019): heads kept ({rules} rule) vs "
+                        "BLEU", title_justify="left")
+    for col in ("λ", "from", *KEPT_COLUMNS, "BLEU", "BLEU unpruned", "PPL"):
+        table.add_column(col, justify="right")
+    for r in results:
+        table.add_row(f"{r['l0_lambda']:g}", "trained", *(str(r["kept"][s]) for s in SITES),
+                      f"{r['bleu']:.2f}", f"{r['bleu_before']:.2f}", f"{r['ppl']:.2f}")
+    return table

@@ -31,7 +31,8 @@ def compose_run(run_dir: Path, overrides: list[str]):
     saved = run_dir / ".hydra" / "overrides.yaml"
     if not saved.is_file():
         raise CheckpointError(f"{run_dir} is not a heads-lab run dir (no .hydra/overrides.yaml)")
-    cfg = compose(_saved_overrides(saved) + overrides)
+    trained_with = _saved_overrides(saved)
+    cfg = compose(trained_with + overrides)
     run = to_object(cfg)
     validate(run)
     return cfg, run

@@ -239,6 +239,47 @@ def test_prune_by_importance_removes_heads_for_real_step_by_step(trained):
     _assert_one_line_error(proc, "importance-pruning curve", str(out), "prune.md", "method=gates")
 
 
+def test_a_run_and_a_pretrained_model_are_pruned_through_one_seam(trained, tmp_path,
+                                                                  monkeypatch):
+    """heads_lab/analysis/subject.py's Subject: a run trained here and an `hf:` model both have
+    every member it names, and the one loop (importance_curves) prunes both: each step takes
+    away the step's share of heads, the least important still there by the scores the subject
+    gave under the mask of that moment."""
+    from heads_lab.analysis.subject import Subject, importance_curves
+    from heads_lab.commands.command import open_subject
+
+    monkeypatch.chdir(tmp_path)
+    tiny = _tiny_hf(tmp_path)
+    members = set(Subject.__annotations__) | {
+        name for name, value in vars(Subject).items() if callable(value) and name[0] != "_"}
+    assert {"source", "maps", "importance", "point", "modules", "tokenizer"} <= members
+    prune = ["prune.eval_sentences=6", "prune.step=0.25", "prune.sites=[enc-self]"]
+    data = ["data=synthetic", "data.train_size=200", "data.valid_size=20", "data.test_size=20",
+            "data.vocab_size=300", "data.src=src"]
+    for subject in (open_subject(trained, "prune", prune),
+                    open_subject(f"hf:{tiny['bert']}", "prune", [*data, *prune])):
+        assert not {m for m in members if not hasattr(subject, m)}, type(subject)
+        seen, real = [], subject.importance
+
+        def spy(masked, scope, real=real, seen=seen):
+            scores = real(masked, scope)
+            seen.append(({key: list(heads) for key, heads in masked.items()}, scores))
+            return scores
+
+        subject.importance = spy
+        rows = importance_curves(subject, ["enc-self"], 0.25, subject.verb, lambda line: None)
+        rows = rows["enc-self"]
+        total = subject.heads()["enc-self"]
+        assert total == 8 and [r["fraction"] for r in rows] == [0.0, 0.25, 0.5, 0.75, 1.0]
+        assert [r["kept"]["enc-self"] for r in rows] == [8, 6, 4, 2, 0]
+        for (before, scores), (after, _) in zip(seen, seen[1:]):
+            left = sorted((float(v), key, h) for key, values in scores.items()
+                          for h, v in enumerate(values) if h not in before.get(key, []))
+            added = {(key, h) for key, heads in after.items() for h in heads} - {
+                (key, h) for key, heads in before.items() for h in heads}
+            assert added == {(key, h) for _, key, h in left[:2]}
+
+
 @pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)
 def test_prune_with_gates_and_eval_with_a_head_mask(trained):
     proc = heads_lab("prune", str(trained), "-m", "method=gates", "prune.l0_lambda=0,5",

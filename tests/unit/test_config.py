@@ -178,8 +178,8 @@ def test_settings_a_command_does_not_read_are_named():
     assert unread_prune_settings(["prune.steps=9"], "train", gates) == [
         "prune.steps=9 has no effect on this training: it is a setting of heads-lab prune, which "
         "does not prune a run trained with gates"]
-    assert unread_prune_settings(["prune.gate_lr=0.1", "prune.step=0.2"], "prune hf",
-                                 no_gates) == [
+    assert unread_prune_settings(["prune.gate_lr=0.1", "prune.step=0.2"], "prune",
+                                 no_gates, pretrained=True) == [
         "prune.gate_lr=0.1 has no effect with method=importance: prune hf:... runs "
         "method=importance only"]
     importance = ["method=importance", "prune.step=0.2", "prune.sites=[enc-self]",

@@ -19,10 +19,12 @@ transformers = pytest.importorskip("transformers", reason="the hf extra: pip ins
                                    "'heads-lab[hf]' (make test installs it)")
 import torch  # noqa: E402
 
+from heads_lab.analysis.subject import analyze  # noqa: E402
 from heads_lab.config.compose import to_object  # noqa: E402
 from heads_lab.hf import heads as hf_heads  # noqa: E402
-from heads_lab.hf.analysis import analyze, source  # noqa: E402
+from heads_lab.hf.analysis import source  # noqa: E402
 from heads_lab.hf.models import account, load  # noqa: E402
+from heads_lab.hf.subject import PretrainedSubject  # noqa: E402
 from tests.conftest import compose  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -154,8 +156,10 @@ def test_a_planted_previous_token_head_is_found_positional_and_no_other(tiny):
     texts = EN + ["Two children watch a dog.", "The old man sits on a green bench."]
     longest = max(len(ids) for ids in pre.tokens.encode(texts))  # (tokenizer-dependent)
     _plant_previous_token_head(pre, period=max(20, longest + 4))  # longer than any sentence
-    cfg = to_object(compose(["analysis.max_sentences=null"])).analysis
-    result, sentences = analyze(pre, cfg, source(pre, cfg, (texts, None)))
+    run = to_object(compose(["analysis.max_sentences=null"]))
+    subject = PretrainedSubject(pre, run, [], "cpu")  # its sentences: these texts
+    subject.source = lambda cfg: source(pre, cfg, (texts, None))
+    result, sentences = analyze(subject, run.analysis)
     heads = {(h["layer"], h["head"]): h for h in result["heads"] if h["site"] == "enc-self"}
     planted = heads[0, 0]
     assert planted["function"] == "positional"
@@ -311,16 +315,15 @@ def test_a_pretrained_dir_broken_as_downloads_break_is_one_clear_error(tiny, tmp
 def test_hf_dot_and_dot_dot_write_under_outputs_hf_by_the_dirs_name(tmp_path, monkeypatch):
     """`analyze hf:.` or `hf:..` (a model in the working dir or above it): the outputs go to
     outputs/hf/<that dir's name>/, never outputs/hf/.. (outputs/ itself) or outputs/hf/."""
-    from types import SimpleNamespace
-
-    from heads_lab.commands.hf import _out
+    from heads_lab.hf.subject import home
+    from heads_lab.output.files import output_dir
 
     here = tmp_path / "models" / "bert"
     here.mkdir(parents=True)
     monkeypatch.chdir(here)
     for name, want in ((".", "bert"), ("..", "models"), ("Helsinki-NLP/opus-mt-de-en",
                                                           "Helsinki-NLP-opus-mt-de-en")):
-        out = _out(SimpleNamespace(name=name), "analysis", ["x=1"])
+        out = output_dir(home(name), "analysis", ["x=1"])
         assert out.parts[:3] == ("outputs", "hf", want) and ".." not in out.parts, out
         assert (here / out).resolve().is_relative_to(here / "outputs" / "hf" / want)
 

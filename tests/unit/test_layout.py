@@ -10,7 +10,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "heads_lab"
 WINGS = {"commands", "config", "data", "model", "training", "output", "analysis", "bench", "hf",
-         "report", "sweeps"}
+         "report", "sweeps", "subjects"}
 
 
 def modules() -> list[Path]:
@@ -62,6 +62,16 @@ def test_no_stage_imports_a_command():
     arrows = {f"{path.relative_to(PACKAGE)} -> {m}" for wing in WINGS - {"commands", "bench"}
               for path in (PACKAGE / wing).glob("*.py") for m in imported(path)
               if m.startswith("heads_lab.commands")}
+    assert not arrows, arrows
+
+
+def test_commands_name_a_model_family_only_where_the_command_line_is_parsed():
+    """analyze and prune are written once against heads_lab/analysis/subject.py's Subject: in
+    commands/, only command.py (which reads the `hf:` prefix and opens the family's adapter)
+    imports a family's package."""
+    arrows = {f"{path.name} -> {m}" for path in (PACKAGE / "commands").glob("*.py")
+              for m in imported(path) if m.startswith(("heads_lab.hf", "heads_lab.subjects"))
+              and path.name != "command.py"}
     assert not arrows, arrows
 
 

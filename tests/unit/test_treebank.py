@@ -198,7 +198,7 @@ def test_the_pud_german_treebank_is_read_and_matched(tmp_path):
 def test_a_treebank_of_another_language_than_the_models_source_is_said_in_one_line():
     from rich.console import Console
 
-    from heads_lab.commands.analyze import _check_treebank_language
+    from heads_lab.subjects.trained import _check_treebank_language
 
     console = Console(record=True, width=300)
     assert _check_treebank_language("/data/en_pud-ud-test.conllu.gz", "de", console) == "en"
