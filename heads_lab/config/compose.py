@@ -35,7 +35,6 @@ from heads_lab.config.schemas import (
     PathsConfig,
     RunConfig,
     TrainerConfig,
-    WandbConfig,
 )
 from heads_lab.errors import ConfigError
 
@@ -55,14 +54,17 @@ def register_configs() -> None:
     cs.store(name="run_schema", node=RunConfig)
     # In their own group, so `--help` lists only real options under model/, data/, ...
     data = [("data", cls.name, cls) for cls in _subclasses(DataConfig)]  # each data source
+    # each tracker conf/logger/<name>.yaml names: the LoggerConfig subclass whose name is its
+    # (its own fields: WandbConfig), else LoggerConfig itself (TensorBoard, none)
+    own = {cls.name: cls for cls in _subclasses(LoggerConfig)}
+    loggers = [("logger", path.stem, own.get(path.stem, LoggerConfig))
+               for path in sorted((config_dir() / "logger").glob("*.yaml"))]
     for group, name, node in (
         ("model", "model", ModelConfig),
         *data,
         ("trainer", "trainer", TrainerConfig),
         ("eval", "eval", EvalConfig),
-        ("logger", "wandb", WandbConfig),
-        ("logger", "none", LoggerConfig),
-        ("logger", "tensorboard", LoggerConfig),
+        *loggers,
     ):
         cs.store(group=f"schema/{group}", name=name, node=node)
 
