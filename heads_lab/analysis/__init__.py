@@ -65,7 +65,6 @@ from heads_lab.analysis.metrics import (
     syntactic,
     word_map,
 )
-from heads_lab.analysis.record import analyze
 from heads_lab.analysis.syntax import (
     Tree,
     attach_arcs,
@@ -75,7 +74,7 @@ from heads_lab.analysis.syntax import (
     words_to_subwords,
 )
 
-__all__ = ["RELATIONS", "Sentence", "Tree", "analyze", "attach_arcs", "collect_maps", "confidence",
+__all__ = ["RELATIONS", "Sentence", "Tree", "attach_arcs", "collect_maps", "confidence",
            "diversity", "head_distances", "head_importance", "importance_by_kind", "least_important",
            "mds_coordinates", "piece_spans", "positional", "rare_sentences",
            "rare_share", "read_conllu", "syntactic", "within_layer", "word_map", "word_spans",

@@ -1,5 +1,6 @@
-"""One run's analysis: the sentences to read (a split of the run's corpus, or a treebank), their
-maps and trees, and every measure of every head, per kind, as analysis.json holds it."""
+"""One model's analysis: the sentences to read (a split of a run's corpus, or a treebank), their
+maps and trees, and every measure of every head, per kind, as analysis.json holds it (the maps
+and gradients come from the model's Subject: heads_lab/analysis/subject.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from heads_lab.analysis.head_map import mds_coordinates, within_layer
-from heads_lab.analysis.maps import Sentence, collect_maps
+from heads_lab.analysis.maps import Sentence
 from heads_lab.analysis.measures import (
     GRADIENT_MEASURES,
     MAP_MEASURES,
@@ -27,7 +28,7 @@ from heads_lab.analysis.metrics import (
 from heads_lab.analysis.syntax import Matching, Tree, attach_arcs, read_conllu, treebank_split
 from heads_lab.config.sites import SITES
 from heads_lab.data import Split
-from heads_lab.model.heads import attention_modules, head_kinds, map_kind, out_kind
+from heads_lab.model.heads import head_kinds, map_kind, out_kind
 
 
 @dataclass
@@ -72,22 +73,6 @@ def load_source(corpus, cfg, form: str, max_len: int) -> Source:
         syntax = "gold"
     return Source(cfg.split, split, texts, trees if texts else None, list(range(n)), [],
                   syntax if texts else None, cfg.conllu)
-
-
-def analyze(model, corpus, cfg, device, max_tokens: int, form: str = "NFC"
-            ) -> tuple[dict[str, Any], list[Sentence]]:
-    """Every measure (analysis/measures.py) on cfg's sentences; returns (the analysis record,
-    the sentences with their maps). `form` is the corpus's Unicode normalisation."""
-    source = load_source(corpus, cfg, form, model.cfg.max_positions - 1)
-    sentences = collect_maps(model, source.split, len(source.indices), device,
-                             decoder=source.has_target)
-    n = len(source.indices)
-    gradient = {g.name: g.compute(model, source.split, g.sentences(cfg, n), device, max_tokens)
-                for g in GRADIENT_MEASURES if g.wanted(cfg, source.has_target)}
-    train = corpus.splits["train"]
-    freq = Counter(int(t) for i in range(len(train)) for t in train.src[i])
-    return measure(sentences, source, attention_modules(model), gradient, freq,
-                   corpus.tokenizer, cfg), sentences
 
 
 def measure(sentences: list[Sentence], source: Source, modules: dict, gradient: dict[str, Scores],

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from heads_lab.analysis import analyze, read_conllu, word_spans, words_to_subwords
+from heads_lab.analysis import read_conllu, word_spans, words_to_subwords
+from heads_lab.analysis.subject import analyze
 from heads_lab.analysis.syntax import subword_spans, treebank_split
 from heads_lab.data import Corpus, Split
 from heads_lab.data.tokenizer import EOS, Tokenizer, train_tokenizer
@@ -131,10 +132,20 @@ def _plants(tok: Tokenizer, treebank: Path, corpus: Corpus):
             (1, 3): lambda s: rows(s, eos)}
 
 
+def _subject(run, model, corpus):
+    """The model as analyze reads a run trained here (heads_lab/subjects/trained.py)."""
+    from heads_lab.subjects.trained import TrainedSubject
+    from heads_lab.training.runs import Trained
+
+    run.trainer.max_tokens = 4096
+    trained = Trained(run, {}, model, corpus, torch.device("cpu"), ["planted"])
+    return TrainedSubject(Path("planted"), trained, "analyze")
+
+
 def test_analyze_finds_every_planted_head_and_only_its_role(setup):
     run, model, corpus, tok, treebank = setup
     with planted(model, _plants(tok, treebank, corpus)):
-        result, sentences = analyze(model, corpus, run.analysis, torch.device("cpu"), 4096)
+        result, sentences = analyze(_subject(run, model, corpus), run.analysis)
     assert result["sentences"] == 4 * COPIES and result["syntax"]["matched"] == 4 * COPIES
     assert result["syntax"]["arcs_within_a_token"] == 0  # zu, dem of zum: heads outside it
     assert any(len(u) > 1 for s in sentences for u in s.units)  # words split into subwords
@@ -196,7 +207,7 @@ def test_a_new_map_measure_plugs_in_through_the_declared_list(setup, monkeypatch
                                                       if isinstance(m, measures.MapMeasure)))
     run, model, corpus, tok, treebank = setup
     with planted(model, _plants(tok, treebank, corpus)):
-        result, _ = analyze(model, corpus, run.analysis, torch.device("cpu"), 4096)
+        result, _ = analyze(_subject(run, model, corpus), run.analysis)
     grid = np.array(result["grids"]["own_token"]["enc-self"], dtype=float)
     assert grid.shape == (2, 4) and grid[1, 1] == pytest.approx(1.0)
     assert np.nanmax(np.delete(grid[1], 1)) < 0.5  # the others: previous token, syntax, EOS
