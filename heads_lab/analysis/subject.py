@@ -10,7 +10,7 @@ aligns words with its tokenizer's pieces (`tokenizer`), and for pruning measures
 under a head mask and evaluates its task with heads masked or removed (`importance`, `point`).
 
 A new family of models is one new file: a class with these members (a Protocol: nothing to
-inherit), and one line in heads_lab/subjects/__init__.py's `open_subject` that recognises its
+inherit), and one line in heads_lab/commands/command.py's `open_subject` that recognises its
 name.
 """
 
@@ -28,6 +28,7 @@ from heads_lab.analysis.maps import Sentence
 from heads_lab.analysis.measures import Scores
 from heads_lab.analysis.publish import check_sentences
 from heads_lab.analysis.record import Source, measure
+from heads_lab.errors import ConfigError
 
 HeadSet = dict[tuple[str, int], list[int]]  # (site, layer) → heads masked or removed
 
@@ -86,6 +87,11 @@ class Subject(Protocol):
     def summary(self, row: dict[str, Any]) -> str:
         """A row's metric, as the progress line gives it."""
 
+    def gates(self, out: Path) -> dict[str, Any]:
+        """prune method=gates (Voita et al. 2019's Hard Concrete gates, fine-tuned with the
+        model) into `out`: prune.json's record. A family that cannot be fine-tuned here refuses
+        it when opened for prune (a ConfigError), before any work."""
+
 
 def analyze(subject: Subject, cfg) -> tuple[dict[str, Any], list[Sentence]]:
     """Every measure (analysis/measures.py) of `subject`'s heads on cfg's sentences: the
@@ -100,6 +106,16 @@ def analyze(subject: Subject, cfg) -> tuple[dict[str, Any], list[Sentence]]:
     return result, sentences
 
 
+def sites_present(sites: list[str], total: dict[str, int]) -> list[str]:
+    """The attention types of `sites` a model has (`total`: its heads per type); a ConfigError
+    where it has none of them."""
+    have = [s for s in sites if total.get(s)]
+    if not have:
+        raise ConfigError(f"prune.sites={list(sites)}: the model has none of these attention "
+                          f"types; it has {', '.join(total)} (e.g. prune.sites=[{next(iter(total))}])")
+    return have
+
+
 def importance_curves(subject: Subject, sites: list[str], step: float, verb: str,
                       say: Callable[[str], None]) -> dict[str, list[dict[str, Any]]]:
     """Michel et al. 2019's iterative pruning: compute head importance under the current mask,
@@ -108,7 +124,7 @@ def importance_curves(subject: Subject, sites: list[str], step: float, verb: str
     together; each row is `subject.point` (the first, nothing pruned, is shared). `verb`: what
     happens to a head ("pruned", "masked")."""
     total = subject.heads()
-    have = [s for s in sites if total.get(s)]
+    have = sites_present(sites, total)
     scopes = [[s] for s in have] + ([have] if len(have) > 1 else [])
     start = subject.point({}, 0.0)
     curves = {}

@@ -27,7 +27,7 @@ from heads_lab.config.sites import parse_head_mask
 from heads_lab.config.unread import unread_analysis_settings
 from heads_lab.output.files import output_dir
 
-COMMAND = Command("analyze", "analysis", ("analysis.",), __doc__)
+COMMAND = Command("analyze", "analysis", ("analysis.",), __doc__, pretrained=True)
 
 
 def main(args: list[str]) -> int:

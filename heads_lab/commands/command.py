@@ -1,6 +1,6 @@
-"""The command line shared by the commands that work on a model's heads or a trained run (eval,
-analyze, prune): `heads-lab <verb> <run dir | hf:model> [-m] [overrides]`, what each may change,
-its help, and the model it names (open_subject)."""
+"""The command line shared by the commands that work on a trained run (eval, analyze, prune:
+`heads-lab <verb> <run dir> [-m] [overrides]`; analyze and prune also take `hf:<model>`), what
+each may change, its help, and the model it names (open_subject)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ class Command:
     doc: str
     shorthands: tuple[str, ...] = ()
     sweeps: bool = False  # -m runs one job per comma value
+    pretrained: bool = False  # also takes an `hf:` model in place of a run dir
 
     @property
     def usage(self) -> str:
@@ -48,7 +49,8 @@ class Command:
                               "per value")
         rest = args[1:]
         rest = [f"{self.allowed[0]}{a}" if a.startswith(self.shorthands) else a for a in rest]
-        pretrained = is_hf(args[0])  # what it may change is the adapter's (heads_lab.hf.subject)
+        # an hf: model's settings are its adapter's to check (heads_lab.hf.subject)
+        pretrained = self.pretrained and is_hf(args[0])
         bad = [o for o in rest if not pretrained and not o.lstrip("+").startswith(
             self.allowed + COMMON)]
         if bad:

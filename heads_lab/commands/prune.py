@@ -33,7 +33,7 @@ from heads_lab.output.tables import gate_table, show
 from heads_lab.output.tracking import console
 
 COMMAND = Command("prune", "pruning", ("prune.", "eval.", "trainer.precision="), __doc__,
-                  shorthands=("method=",), sweeps=True)
+                  shorthands=("method=",), sweeps=True, pretrained=True)
 
 
 def main(args: list[str]) -> int:

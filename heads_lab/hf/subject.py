@@ -19,6 +19,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from heads_lab.analysis.subject import sites_present
 from heads_lab.config.compose import cache_dir, compose, to_object
 from heads_lab.config.validate import validate
 from heads_lab.errors import ConfigError
@@ -48,7 +49,11 @@ def open_pretrained(spec: str, verb: str, overrides: list[str]) -> PretrainedSub
                               "translator: its source and reference; an encoder: data.src=en "
                               "for English text)")
     device = _device(run)
-    return PretrainedSubject(load(spec, device), run, overrides, device)
+    subject = PretrainedSubject(load(spec, device), run, overrides, device)
+    if verb == "prune":  # refused, or its data set read, before prune makes its output dir
+        sites_present(list(run.prune.sites), subject.heads())
+        _ = subject.prune_data
+    return subject
 
 
 def _config(verb: str, args: list[str]):
@@ -162,7 +167,7 @@ class PretrainedSubject:
 
     # prune
     @cached_property
-    def _data(self) -> tuple[tuple, tuple]:
+    def prune_data(self) -> tuple[tuple, tuple]:
         """(src, tgt) where importance is measured, (src, tgt, refs) where the metric is."""
         p = self.run.prune
         imp, ev = self._texts(p.split), self._texts(p.eval_split)
@@ -182,12 +187,12 @@ class PretrainedSubject:
     @property
     def prune_note(self) -> str:
         return self.prune_note_form.format(split=self.run.prune.eval_split,
-                                           n=len(self._data[1][0]))
+                                           n=len(self.prune_data[1][0]))
 
     @property
     def pruning(self) -> dict[str, Any]:
         return {"model": self.name, "family": self.pre.family.name,
-                "eval_sentences": len(self._data[1][0]), "heads_pruned_by": "mask"}
+                "eval_sentences": len(self.prune_data[1][0]), "heads_pruned_by": "mask"}
 
     def heads(self) -> dict[str, int]:
         total: dict[str, int] = {}
@@ -197,13 +202,13 @@ class PretrainedSubject:
 
     def importance(self, masked, scope):
         with hf_heads.masked(self.pre, masked):
-            scores = hf_heads.importance(self.pre, *self._data[0], self.device)
+            scores = hf_heads.importance(self.pre, *self.prune_data[0], self.device)
         return {(site, layer): scores[(site, layer, "head")]
                 for site, layer in self.pre.heads if site in scope}
 
     def point(self, masked, fraction: float) -> dict[str, Any]:
-        return hf_prune.row(self.pre, masked, self._data[1], self.run.eval.beam, self.device,
-                            fraction)
+        return hf_prune.row(self.pre, masked, self.prune_data[1], self.run.eval.beam,
+                            self.device, fraction)
 
     def summary(self, row) -> str:
         return ", ".join(f"{k} {row[k]:.3f}" for k in ("bleu", "accuracy", "ppl") if k in row)

@@ -280,6 +280,22 @@ def test_a_run_and_a_pretrained_model_are_pruned_through_one_seam(trained, tmp_p
             assert added == {(key, h) for _, key, h in left[:2]}
 
 
+def test_a_pretrained_models_bad_input_is_one_line_and_leaves_no_output_dir(tmp_path):
+    """eval takes run dirs only (an hf: name is no run dir); prune of an hf: model whose data set
+    cannot be read, or on attention types it lacks, stops in one line before any output dir."""
+    _assert_one_line_error(heads_lab("eval", "hf:someone/model", cwd=tmp_path),
+                           "no run dir hf:someone/model")
+    tiny = _tiny_hf(tmp_path)
+    bert = f"hf:{tiny['bert']}"
+    _assert_one_line_error(heads_lab("prune", bert, "data=multi30k", "data.src=en",
+                                     f"data.root={tmp_path / 'gone'}", cwd=tmp_path), "gone")
+    _assert_one_line_error(heads_lab("prune", bert, "data=synthetic", "data.src=src",
+                                     "data.train_size=100", "prune.sites=[dec-self]",
+                                     cwd=tmp_path),
+                           "prune.sites=['dec-self']", "it has enc-self")
+    assert not list((tmp_path / "outputs").glob("hf/*/prune/*"))
+
+
 @pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)
 def test_prune_with_gates_and_eval_with_a_head_mask(trained):
     proc = heads_lab("prune", str(trained), "-m", "method=gates", "prune.l0_lambda=0,5",
