@@ -44,6 +44,13 @@ def test_the_comparison_finds_a_moved_number_and_passes_the_same_ones():
 
 @pytest.mark.slow  # the demo and five tiny runs, about 3 minutes: `make test-slow` (CI runs it)
 def test_the_guard_numbers_are_as_pinned(tmp_path, capsys):
+    import torch
+
     pytest.importorskip("transformers", reason="the hf extra (make test installs it)")
+    pinned_on = json.loads(PINNED.read_text())["cpu"]
+    here = torch.backends.cpu.get_cpu_capability()
+    if here != pinned_on:  # other vector kernels round otherwise, and 200 steps carry it on
+        pytest.skip(f"the guard numbers were pinned on a {pinned_on} CPU and this one is {here}: "
+                    "they hold bit for bit only there (run `make guard` on such a CPU)")
     code = _script().main(["--out", str(tmp_path / "now.json"), "--check", str(PINNED)])
     assert code == 0, capsys.readouterr().out
