@@ -240,9 +240,13 @@ class Check:
         in the dry run, tiny on CPU; the study's own overrides (`extra`) win over these. No
         checkpoints: none comes back from the GPU machine, nor resumes there (each call starts a
         bare one), and writing them costs GPU time (a d_model-512 run's full state is ~0.6 GB a
-        new best); eval.checkpoint=best keeps the best weights in memory instead."""
+        new best); eval.checkpoint=best keeps the best weights in memory instead. The eager step
+        (trainer.capture=false), whose time the parts' allowances were measured with: a study
+        captured as a GPU run is by default is `--study 'PRESET trainer.capture=true
+        trainer.pad_multiple=8'`."""
         ours = [*(DRY_STUDY if self.opts.cpu else ["trainer.device=cuda",
-                                                    f"hydra.launcher.n_jobs={self.opts.jobs}"]),
+                                                    f"hydra.launcher.n_jobs={self.opts.jobs}",
+                                                    "trainer.capture=false"]),
                 "trainer.save_checkpoint=false"]
         keys = {a.split("=")[0] for a in extra}
         return self.heads_lab("train", "-m", "hydra/launcher=local", "trainer.threads=1",

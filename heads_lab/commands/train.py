@@ -29,6 +29,7 @@ from heads_lab.output.files import ensure_writable, write_json, write_lines
 from heads_lab.output.tracking import Tracker, console, environment, short_name, summary_table
 from heads_lab.training import checkpoint
 from heads_lab.training import parallel as data_parallel
+from heads_lab.training.captured import capture_on
 from heads_lab.training.checkpoint import Checkpoints, auto_precision
 from heads_lab.training.device import (
     PeakMemory,
@@ -138,7 +139,8 @@ def _start(run: RunConfig, run_dir: Path):
     """Before any work: refuse a finished run dir, clear a failed attempt's record, set threads
     and seeds; the data-parallel ranks (None alone), the device and the precision it computes in
     (trainer.precision=auto resolved: bf16 where native, else fp32, or what the run it resumes
-    trained in; written back into the config)."""
+    trained in; trainer.capture=auto: on for a CUDA device; both written back into the
+    config)."""
     if (run_dir / "results.json").is_file():
         raise finished_run(run_dir)
     ensure_writable(run_dir, "the run dir")
@@ -155,6 +157,8 @@ def _start(run: RunConfig, run_dir: Path):
         precision = auto_precision(run_dir, precision)
     check_precision(device, precision)
     run.trainer.precision = type(run.trainer.precision)(precision)
+    # trainer.capture=auto resolved (on for a CUDA device) and written back, as precision is
+    run.trainer.capture = "true" if capture_on(run.trainer, device) else "false"
     if ranks is not None and device.type == "cuda":
         device = torch.device("cuda", ranks.local_rank)
     return ranks, device, precision

@@ -203,11 +203,13 @@ def field_names(schema: str) -> list[str]:
 
 
 # Settings that change neither a run's trajectory nor its results: where things go, what
-# watches them, how often it is checked and saved, what runs it. Checkpoints resume across them
+# watches them, how often it is checked and saved, what runs it (compiled or captured: the same
+# step, its sums in another order, as a GPU's kernels differ from a CPU's). Checkpoints resume across them
 # (with RESUMABLE_CHANGES), and `heads-lab report` never groups runs by them (with the seed,
 # which it pools).
 BOOKKEEPING = ("paths", "logger", "name", "tags", "analysis", "report", "cost", "data.root",
-               "trainer.device", "trainer.threads", "trainer.compile", "trainer.valid_every",
+               "trainer.device", "trainer.threads", "trainer.compile", "trainer.capture",
+               "trainer.valid_every",
                "trainer.log_every", "trainer.save_every", "trainer.keep_last", "trainer.resume",
                "trainer.save_checkpoint", "trainer.dist_timeout_s")
 # ... and what a resumed run may change besides: how long it trains, how it is evaluated after

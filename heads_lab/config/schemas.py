@@ -130,10 +130,11 @@ class TrainerConfig:
     compile: bool = opt(False,
         "torch.compile the training forward (decoding stays eager): 1.30x eager on an H200, "
         "0.86x on this project's CPU (README, On a GPU)")
-    capture: bool = opt(False,
-        "the whole step's forward, loss and backward as one compiled function with static "
-        "shapes (CUDA graphs on a GPU: mode=reduce-overhead), for GPUs; pair it with "
-        "pad_multiple (e.g. 8). Slower than eager on a CPU (README, On a GPU)")
+    capture: str = opt("auto",
+        "auto | true | false: the whole step's forward, loss and backward as one compiled "
+        "function with static shapes (CUDA graphs on a GPU: mode=reduce-overhead); auto: on for "
+        "a CUDA device (unless trainer.compile=true), off on a CPU, where it is slower than "
+        "eager; pair it with pad_multiple (e.g. 8) on a GPU (README, On a GPU)")
     pad_multiple: int = opt(1,
         "pad each training batch's rows and source and target lengths to a multiple of this "
         "(1: no padding), so a captured step meets few shapes")

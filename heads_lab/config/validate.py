@@ -154,7 +154,10 @@ def _check_data(d, t, m) -> None:
         f"(data.max_len={d.max_len} + EOS): raise trainer.max_tokens or lower data.max_len",
     )
     _check(d.max_len + 2 <= m.max_positions, "data.max_len + 2 must not exceed model.max_positions")
-    _check(not (t.compile and t.capture), "trainer.compile=true and trainer.capture=true: "
+    capture = str(t.capture).lower()  # (a bool from a YAML true/false reads as 'True'/'False')
+    _check(capture in ("auto", "true", "false"), f"trainer.capture={t.capture}: use auto (on "
+           "for a CUDA device, off on a CPU), true or false")
+    _check(not (t.compile and capture == "true"), "trainer.compile=true and trainer.capture=true: "
            "capture compiles the whole step itself; set trainer.compile=false")
     _check(t.pad_multiple >= 1, f"trainer.pad_multiple={t.pad_multiple} must be >= 1 (1: no "
            "padding; 8 suits a captured step on a GPU)")

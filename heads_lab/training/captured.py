@@ -30,6 +30,16 @@ from heads_lab.data.tokenizer import BOS, EOS, PAD
 from heads_lab.training.device import autocast
 
 
+def capture_on(cfg, device) -> bool:
+    """Whether trainer.capture captures the step on `device`: true and false as set; auto on a
+    CUDA device unless trainer.compile=true (the user asked for the compiled forward), off on a
+    CPU (slower than eager there)."""
+    setting = str(cfg.capture).lower()
+    if setting == "auto":
+        return getattr(device, "type", str(device)) == "cuda" and not cfg.compile
+    return setting == "true"
+
+
 def pad_batch(batch: Batch, multiple: int) -> Batch:
     """The batch padded to `multiple` rows and `multiple` source and target positions. Added rows
     are empty sentences (source EOS, target input BOS) whose targets are all padding: they take

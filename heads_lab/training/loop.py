@@ -22,7 +22,7 @@ from heads_lab.data import Split, collate, epoch_batches
 from heads_lab.errors import CheckpointError
 from heads_lab.model import Transformer
 from heads_lab.training import checkpoint
-from heads_lab.training.captured import CapturedLoss, pad_batch
+from heads_lab.training.captured import CapturedLoss, capture_on, pad_batch
 from heads_lab.training.checkpoint import Checkpoints
 from heads_lab.training.device import autocast
 from heads_lab.training.evaluate import perplexity
@@ -90,9 +90,10 @@ class Trainer:
         self.net = parallel.wrap(model) if parallel else model  # DistributedDataParallel on ranks
         # trainer.capture compiles forward, loss and backward (training.captured); else
         # trainer.compile the training forward only: checkpoints, validation, decoding use `model`
+        capture = capture_on(cfg, device)
         self.captured = (CapturedLoss(self.net, model, cfg.label_smoothing, cfg.precision, device)
-                         if cfg.capture else None)
-        if cfg.compile and not cfg.capture:
+                         if capture else None)
+        if cfg.compile and not capture:
             self.net = torch.compile(self.net, dynamic=True)
         self.opt = adam(model, cfg.lr, tuple(cfg.adam_betas), cfg.adam_eps, cfg.weight_decay,
                         cfg.position_bias_lr, extra)

@@ -34,6 +34,7 @@ from heads_lab.model import attention as attention_module
 from heads_lab.model.decode import beam_search, greedy
 from heads_lab.model.heads import gates_of, head_counts, install_gates, masked, parse_head_mask, remove_heads
 from heads_lab.training import checkpoint
+from heads_lab.training.captured import capture_on
 from heads_lab.training.checkpoint import Checkpoints
 from heads_lab.training.loop import train
 from tests.conftest import TINY
@@ -146,27 +147,31 @@ def test_bf16_training_follows_the_fp32_loss_curve_on_the_device(device):
 @pytest.mark.slow  # compiles: on the CPU in `make test-slow`; on a GPU with every CUDA test
 @pytest.mark.parametrize("update_freq", [1, 2])
 def test_captured_step_follows_the_eager_step_on_the_device(device, update_freq):
-    """trainer.capture=true with pad_multiple=8 (on CUDA: cudagraph trees replaying forward,
-    loss and backward, the fused Adam skipping non-finite updates on the device) trains as the
-    eager step does, in bf16, within its tolerance, also accumulating two micro-batches per
-    update (whose gradients must outlive the next replay); dynamo compiled a graph and, on
-    CUDA, no part of it fell back from CUDA graphs."""
+    """trainer.capture (auto on CUDA, true on a CPU) with pad_multiple=8, 50 token-batched
+    steps (on CUDA: cudagraph trees replaying forward, loss and backward, the fused Adam
+    skipping non-finite updates on the device) trains as the eager step does, in bf16, within
+    its tolerance, also accumulating two micro-batches per update (whose gradients must outlive
+    the next replay); dynamo compiled a graph and, on CUDA, no part of it fell back from CUDA
+    graphs."""
     from torch._dynamo.utils import counters
 
     split = _reverse_split(300)
-    common = dict(max_steps=30, max_tokens=128, lr=3e-3, warmup_steps=10, valid_every=10,
+    common = dict(max_steps=50, max_tokens=128, lr=3e-3, warmup_steps=10, valid_every=10,
                   log_every=10, precision="bf16", update_freq=update_freq)
+    # a GPU run captures without being asked (trainer.capture=auto); a CPU run does not
+    assert capture_on(TrainerConfig(), device) is (device.type == "cuda")
     runs = {}
-    for capture in (False, True):
+    for capture in ("false", "auto" if device.type == "cuda" else "true"):
         torch._dynamo.reset()
         counters.clear()
         model = _small_model().to(device)
         runs[capture] = train(model, split, split,
-                              TrainerConfig(capture=capture, pad_multiple=8 if capture else 1,
+                              TrainerConfig(capture=capture,
+                                            pad_multiple=1 if capture == "false" else 8,
                                             **common), seed=3, device=device)
     assert counters["stats"]["unique_graphs"] >= 1
     assert counters["inductor"]["cudagraph_skips"] == 0
-    eager, captured = runs[False], runs[True]
+    eager, captured = runs["false"], runs["auto" if device.type == "cuda" else "true"]
     assert [h["step"] for h in captured.history] == [h["step"] for h in eager.history]
     for a, b in zip(eager.history, captured.history, strict=True):
         assert b["valid/loss"] == pytest.approx(a["valid/loss"], rel=0.05), (a, b)

@@ -77,6 +77,7 @@ def test_choices_are_checked_when_composing_and_name_the_choices(override, choic
     (["eval.beam=0"], "eval.beam=0 must be >= 1"),
     (["trainer.pad_multiple=0"], "trainer.pad_multiple=0 must be >= 1"),
     (["trainer.compile=true", "trainer.capture=true"], "set trainer.compile=false"),
+    (["trainer.capture=maybe"], "trainer.capture=maybe: use auto (on for a CUDA device"),
     (["trainer.pad_multiple=16", "data.max_len=60", "model.max_positions=63"],
      "trainer.pad_multiple=16 pads the longest sentence"),
     (["trainer.max_steps=null"], "trainer.max_steps and trainer.max_epochs are both null"),

@@ -145,6 +145,30 @@ def test_captured_step_follows_eager_training_on_padded_batches():
     assert eager.history[-1]["valid/loss"] < eager.history[0]["valid/loss"]  # it learned
 
 
+def test_capture_auto_captures_on_a_cuda_device_only():
+    """trainer.capture=auto (the default) is on for a CUDA device and off on a CPU, and off where
+    trainer.compile=true asks for the compiled forward instead; true and false are as set, as
+    YAML booleans too (read back as 'True' and 'False')."""
+    from heads_lab.config.compose import to_object
+    from heads_lab.config.validate import validate
+    from heads_lab.training.captured import capture_on
+    from tests.conftest import compose
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    default = TrainerConfig()
+    assert default.capture == "auto"
+    assert capture_on(default, cuda) and not capture_on(default, cpu)
+    assert not capture_on(TrainerConfig(compile=True), cuda)
+    for setting, on in (("true", True), ("false", False), (True, True), (False, False)):
+        assert capture_on(TrainerConfig(capture=setting), cpu) is on
+        assert capture_on(TrainerConfig(capture=setting), cuda) is on
+    for overrides, on in ((["trainer.capture=true"], True), (["trainer.capture=false"], False),
+                          (["trainer.compile=true"], False), ([], True)):
+        run = to_object(compose(overrides))
+        validate(run)  # compile=true beside capture=auto is no clash
+        assert capture_on(run.trainer, cuda) is on, overrides
+
+
 def test_padded_batches_give_the_same_loss_and_gradients():
     """pad_batch adds empty rows (source EOS, target input BOS, targets all padding) and
     padding positions: in float64 the summed loss and every gradient equal the unpadded
