@@ -158,6 +158,7 @@ def _start(run: RunConfig, run_dir: Path):
     check_precision(device, precision)
     run.trainer.precision = type(run.trainer.precision)(precision)
     # trainer.capture=auto resolved (on for a CUDA device) and written back, as precision is
+    # (results.json's train.captured records it; its config keeps what was asked)
     run.trainer.capture = "true" if capture_on(run.trainer, device) else "false"
     if ranks is not None and device.type == "cuda":
         device = torch.device("cuda", ranks.local_rank)
@@ -171,7 +172,8 @@ def _train_record(result, run: RunConfig, evaluated: dict[str, Any], ranks) -> d
             "skipped_steps": result.skipped_steps, "resumed_from": result.resumed_from,
             "stopped_by": result.stopped_by, "max_time": run.trainer.max_time,
             "best_step": result.best_step, "evaluated": evaluated,
-            "data_parallel": ranks.world if ranks else 1}
+            "data_parallel": ranks.world if ranks else 1,
+            "captured": run.trainer.capture == "true"}  # trainer.capture (auto) as it ran
 
 
 def _stopped_by(train: dict[str, Any]) -> str:

@@ -561,6 +561,8 @@ def test_train_on_the_device_reports_peak_memory_and_mfu(device, device_run):
     results, metrics = device_run, device_run["metrics"]
     assert results["status"] == "complete" and results["device"].startswith(device.type)
     assert results["train"]["steps"] == 30 and results["train"]["data_parallel"] == 1
+    # the step captured without being asked on a GPU (trainer.capture=auto), eager on a CPU
+    assert results["train"]["captured"] is (device.type == "cuda")
     assert math.isfinite(metrics["valid/loss"]) and math.isfinite(metrics["test/bleu"])
     assert metrics["cost/peak_mem_mb"] > 0
     if device.type == "cuda":

@@ -81,7 +81,8 @@ def test_train_writes_results_with_finite_ppl_and_bleu(tiny_run_dir):
     assert m["test/ppl"] > 1 and 0 <= m["test/bleu"] <= 100
     assert results["status"] == "complete" and results["train"]["steps"] == 30
     assert results["config"]["model"]["heads"] == 4 and results["config"]["seed"] == 1
-    assert results["config"]["trainer"]["capture"] == "false"  # auto, resolved: a CPU run
+    assert results["config"]["trainer"]["capture"] == "auto"  # as asked (the default) ...
+    assert results["train"]["captured"] is False  # ... and as it ran: eager, on a CPU
     assert results["sacrebleu"]["bleu_signature"].startswith("nrefs:1|case:mixed")
     assert results["env"]["versions"]["torch"] and results["env"]["versions"]["sacrebleu"]
     assert results["data"]["train"]["kept"] == 600
