@@ -39,6 +39,9 @@ def main(args: list[str]) -> int:
     parser.add_argument("--compile", action="store_true",
                         help="add mha h=8 with its training forward compiled (trainer.compile) and "
                         "with its whole step captured (trainer.capture)")
+    parser.add_argument("--capture-all", action="store_true",
+                        help="with --compile: every variant's quick rows captured too (mha h=1, "
+                        "8, 32 and kv_heads=1, talking heads h=8 and 32), as GPU runs train")
     parser.add_argument("--no-decode", action="store_true",
                         help="training only: no decoding columns (e.g. at a paper-sized batch)")
     parser.add_argument("--profile", choices=("train", "greedy", "beam"),
@@ -53,6 +56,9 @@ def main(args: list[str]) -> int:
     opts = parser.parse_intermixed_args(args)  # model.KEY=VALUE anywhere among the flags
     model = _model(opts.overrides)
     _check_counts_and_files(opts)
+    if opts.capture_all and not opts.compile:
+        raise ConfigError("bench --capture-all adds captured rows to the compiled ones: add "
+                          "--compile")
     if opts.steps is None:  # measured steps: 5 per depth point, else 10 per variant
         opts.steps = 5 if opts.depth else 10
     # lazy: start-up time (rich), kept out of the bench's peak-RSS child processes
@@ -80,7 +86,8 @@ def main(args: list[str]) -> int:
         work, precision = _workload(opts)
         result = suite.run(model, steps=opts.steps, warmup=opts.warmup, quick=opts.quick,
                            peak=not opts.quick, log=console.print, work=work, precision=precision,
-                           compile=opts.compile, decode=not opts.no_decode)
+                           compile=opts.compile, decode=not opts.no_decode,
+                           capture_all=opts.capture_all)
         console.print(_table(result))
         console.print(_targets(result))
     write_json(Path(opts.json), result)

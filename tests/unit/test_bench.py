@@ -13,7 +13,7 @@ from heads_lab.bench.baseline import TorchTransformer
 from heads_lab.bench.depth import pair
 from heads_lab.bench.measure import Variant, Workload, decode_throughput, train_throughput
 from heads_lab.config.cost import Lengths, account, parameter_count
-from heads_lab.config.schemas import ModelConfig
+from heads_lab.config.schemas import AttentionKind, ModelConfig
 from heads_lab.model import Transformer
 from heads_lab.training import device as device_mod
 
@@ -162,6 +162,35 @@ def test_a_cpu_without_native_bf16_gets_no_bf16_rows_and_its_bf16_targets_say_wh
         ("bf16 loss curve within 2 % of fp32", "n/a (no native bf16 on this CPU)", None)]
 
 
+def test_the_compiled_table_captures_every_variants_rows_and_targets_talking_heads_captured():
+    """bench --compile --capture-all: multi-head h = 1, 8, 32 and kv_heads=1 and talking heads
+    h = 8 and 32 each captured (trainer.capture), beside the compiled h = 8 row; and the
+    target that talking heads captured reach 0.9× multi-head captured, met or not as measured."""
+    from heads_lab.bench.suite import MHA8, targets, variants
+
+    model = ModelConfig(d_model=32, heads=4, d_ff=64, encoder_layers=1, decoder_layers=1)
+    rows = {v.name: v for v in variants(model, quick=True, precision="bf16", compile=True,
+                                        capture_all=True)}
+    captured = {name for name, v in rows.items() if v.capture}
+    assert captured == {"mha h=1 captured", "mha h=8 captured", "mha h=32 captured",
+                        "mha h=8 kv_heads=1 captured", "talking_heads h=8 captured",
+                        "talking_heads h=32 captured"}
+    assert rows["talking_heads h=32 captured"].model.attention == AttentionKind.talking_heads
+    assert rows["talking_heads h=32 captured"].model.heads == 32
+    assert rows["mha h=8 kv_heads=1 captured"].model.kv_heads == 1
+    assert {n for n, v in rows.items() if v.compile} == {f"{MHA8} compiled"}
+    assert not any(v.capture for v in variants(model, quick=True, precision="bf16"))
+    assert [v.name for v in variants(model, quick=True, precision="bf16", compile=True)
+            if v.capture] == ["mha h=8 captured"]  # the GPU check's bench, as measured
+    row = {"tokens_per_s": 100.0, "mfu": 0.5, "losses": []}
+    for th, met in ((95.0, True), (85.0, False)):
+        by = {MHA8: row, "torch.nn.Transformer h=8": row, f"{MHA8} fp32": row,
+              "mha h=8 captured": row, "talking_heads h=8 captured": {**row, "tokens_per_s": th}}
+        (found,) = [t for t in targets(by, None, decode=False, precision="bf16")
+                    if "captured" in t[0]]
+        assert found == ("talking heads h=8 captured ≥ 0.9× mha captured", f"{th / 100:.2f}×", met)
+
+
 def test_bench_rejects_other_overrides():
     from heads_lab.bench import main
     from heads_lab.errors import ConfigError
@@ -170,6 +199,8 @@ def test_bench_rejects_other_overrides():
         main(["trainer.lr=1"])
     with pytest.raises(ConfigError, match="model.heads=3 does not divide"):
         main(["model.heads=3"])
+    with pytest.raises(ConfigError, match="bench --capture-all .* add --compile"):
+        main(["--capture-all"])
 
 
 @pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)
