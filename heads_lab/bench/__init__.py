@@ -39,6 +39,9 @@ def main(args: list[str]) -> int:
     parser.add_argument("--compile", action="store_true",
                         help="add mha h=8 with its training forward compiled (trainer.compile) and "
                         "with its whole step captured (trainer.capture)")
+    parser.add_argument("--peers", action="store_true",
+                        help="Hugging Face's Marian at h=8 too (the hf extra), and with --compile "
+                        "torch.nn.Transformer and Marian through torch.compile")
     parser.add_argument("--capture-all", action="store_true",
                         help="with --compile: every variant's quick rows captured too (mha h=1, "
                         "8, 32 and kv_heads=1, talking heads h=8 and 32), as GPU runs train")
@@ -56,6 +59,12 @@ def main(args: list[str]) -> int:
     opts = parser.parse_intermixed_args(args)  # model.KEY=VALUE anywhere among the flags
     model = _model(opts.overrides)
     _check_counts_and_files(opts)
+    if opts.peers:
+        import importlib.util  # lazy: only for --peers
+
+        if importlib.util.find_spec("transformers") is None:
+            raise ConfigError("bench --peers measures Hugging Face's Marian: install the hf "
+                              "extra (pip install 'heads-lab[hf]')")
     if opts.capture_all and not opts.compile:
         raise ConfigError("bench --capture-all adds captured rows to the compiled ones: add "
                           "--compile")
@@ -87,7 +96,7 @@ def main(args: list[str]) -> int:
         result = suite.run(model, steps=opts.steps, warmup=opts.warmup, quick=opts.quick,
                            peak=not opts.quick, log=console.print, work=work, precision=precision,
                            compile=opts.compile, decode=not opts.no_decode,
-                           capture_all=opts.capture_all)
+                           capture_all=opts.capture_all, peers=opts.peers)
         console.print(_table(result))
         console.print(_targets(result))
     write_json(Path(opts.json), result)

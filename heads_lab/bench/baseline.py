@@ -1,6 +1,9 @@
-"""The in-framework baseline: torch.nn.Transformer at the same dims, with the same sinusoidal
-positions, tied embeddings and loss, shaped like heads_lab's model (encode / decode / logits), so
-the same training step and the uncached decoder run it. It has no key/value cache."""
+"""The peers `heads-lab bench` measures heads-lab against, at the same dims, shaped like
+heads_lab's model (encode / decode / logits / loss / forward), so the same training step (eager
+or through torch.compile) runs them: torch.nn.Transformer (TorchTransformer: the same sinusoidal
+positions, tied embeddings and loss; the uncached decoder runs it, as it has no key/value
+cache), and Hugging Face's Marian (MarianPeer: MarianMTModel's own layers, post-norm, with SDPA
+attention; training only; the hf extra)."""
 
 from __future__ import annotations
 
@@ -50,6 +53,11 @@ class TorchTransformer(nn.Module):
         return self.core.decoder(self._embed(tgt_in), enc.memory, tgt_mask=causal,
                                  tgt_is_causal=True, memory_key_padding_mask=memory_pad)
 
+    def forward(self, src: Tensor, tgt_in: Tensor, hidden_only: bool = True) -> Tensor:
+        """The decoder's hidden states of a teacher-forced batch (as heads_lab's model with
+        hidden_only=True: what trainer.compile compiles)."""
+        return self.decode(tgt_in, self.encode(src))
+
     def logits(self, hidden: Tensor) -> Tensor:
         return F.linear(hidden, self.embed.weight)
 
@@ -62,3 +70,54 @@ class TorchTransformer(nn.Module):
         entropy (summed). The bench needs no separate NLL, so none is computed."""
         return F.cross_entropy(self.logits(hidden).float(), target, label_smoothing=eps,
                                reduction="sum"), None
+
+
+class MarianPeer(nn.Module):
+    """Hugging Face's MarianMTModel at heads-lab's dims (d_model, heads, d_ff, layers, dropout,
+    activation, vocab; tied embeddings scaled by √d_model and sinusoidal positions, as Marian's
+    checkpoints have them), built from its config (no download), with SDPA attention: a user's
+    Transformer translator from the library, trained by the same step. Its layers are Marian's
+    own (post-norm, whatever model.norm says); the loss is its logits' label-smoothed cross
+    entropy, as TorchTransformer's."""
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int, pad_id: int = 0):
+        super().__init__()
+        from transformers import MarianConfig, MarianMTModel  # lazy: an optional dependency (hf)
+
+        self.cfg, self.vocab_size, self.pad_id = cfg, vocab_size, pad_id
+        config = MarianConfig(
+            vocab_size=vocab_size, d_model=cfg.d_model, encoder_layers=cfg.encoder_layers,
+            decoder_layers=cfg.decoder_layers, encoder_attention_heads=cfg.heads,
+            decoder_attention_heads=cfg.heads, encoder_ffn_dim=cfg.d_ff,
+            decoder_ffn_dim=cfg.d_ff, dropout=cfg.dropout, attention_dropout=0.0,
+            activation_dropout=0.0, activation_function=cfg.activation.value,
+            max_position_embeddings=cfg.max_positions, scale_embedding=True,
+            pad_token_id=pad_id, decoder_start_token_id=pad_id, eos_token_id=2)
+        self.hf = MarianMTModel._from_config(config, attn_implementation="sdpa")
+
+    def encode(self, src: Tensor, need_weights: bool = False) -> Encoded:
+        keep = src != self.pad_id
+        memory = self.hf.model.encoder(input_ids=src, attention_mask=keep.long()).last_hidden_state
+        return Encoded(memory, keep[:, None, None, :])
+
+    def decode(self, tgt_in: Tensor, enc: Encoded, need_weights: bool = False, caches=None,
+               offset: int = 0) -> Tensor:
+        if caches is not None:
+            raise NotImplementedError("the Marian peer is measured in training only")
+        return self.hf.model.decoder(input_ids=tgt_in, encoder_hidden_states=enc.memory,
+                                     encoder_attention_mask=enc.mask[:, 0, 0, :].long()
+                                     ).last_hidden_state
+
+    def forward(self, src: Tensor, tgt_in: Tensor, hidden_only: bool = True) -> Tensor:
+        return self.decode(tgt_in, self.encode(src))
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        return self.hf.lm_head(hidden) + self.hf.final_logits_bias
+
+    def loss(self, hidden: Tensor, target: Tensor, eps: float) -> tuple[Tensor, None]:
+        return F.cross_entropy(self.logits(hidden).float(), target, label_smoothing=eps,
+                               reduction="sum"), None
+
+
+# a peer's name (bench rows' `peer`) → its class
+PEERS = {"torch.nn": TorchTransformer, "marian": MarianPeer}

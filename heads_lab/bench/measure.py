@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from omegaconf import OmegaConf
 
-from heads_lab.bench.baseline import TorchTransformer
+from heads_lab.bench.baseline import PEERS
 from heads_lab.config.cost import Lengths, account
 from heads_lab.config.schemas import ModelConfig
 from heads_lab.data.tokenizer import EOS
@@ -33,7 +33,8 @@ class Variant:
     name: str
     model: ModelConfig
     precision: str = "fp32"
-    baseline: bool = False  # torch.nn.Transformer at the same dims
+    baseline: bool = False  # a peer at the same dims, not heads-lab's model: `peer`
+    peer: str = "torch.nn"  # with baseline: bench.baseline.PEERS' torch.nn or marian
     compile: bool = False  # the training forward through torch.compile, as trainer.compile=true
     capture: bool = False  # forward, loss and backward compiled as one, as trainer.capture=true
     talking_heads_path: str | None = None  # "explicit" / "folded" (model.kernels); None: auto
@@ -52,7 +53,7 @@ class Variant:
 
     def build(self, vocab: int, device: torch.device = CPU) -> torch.nn.Module:
         if self.baseline:
-            return TorchTransformer(self.model, vocab).to(device)
+            return PEERS[self.peer](self.model, vocab).to(device)
         return Transformer(self.model, vocab).to(device)
 
 
@@ -171,6 +172,7 @@ def decode_throughput(v: Variant, work: Workload, beam: int, use_cache: bool, re
 def _peak_child(variant: dict, work: dict, out) -> None:
     model = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), variant["model"]))
     v = Variant(variant["name"], model, variant["precision"], variant["baseline"],
+                variant.get("peer", "torch.nn"),
                 talking_heads_path=variant.get("talking_heads_path"))
     w = Workload(**work)
     torch.manual_seed(0)
@@ -192,7 +194,7 @@ def peak_memory_mb(v: Variant, work: Workload) -> float:
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     spec = json.loads(json.dumps({"name": v.name, "model": asdict(v.model), "precision": v.precision,
-                                  "baseline": v.baseline,
+                                  "baseline": v.baseline, "peer": v.peer,
                                   "talking_heads_path": v.talking_heads_path},
                                  default=lambda e: e.value))
     proc = ctx.Process(target=_peak_child, args=(spec, asdict(work), out))

@@ -40,7 +40,8 @@ MHA8 = "mha h=8"
 
 
 def variants(model: ModelConfig, quick: bool = False, precision: str = "fp32",
-             compile: bool = False, bf16: bool = True, capture_all: bool = False) -> list[Variant]:
+             compile: bool = False, bf16: bool = True, capture_all: bool = False,
+             peers: bool = False) -> list[Variant]:
     """Every row in fp32 plus each variant at h = 8 in bf16 (the CPU table; `bf16=False`, a CPU
     without native bf16, leaves the bf16 rows out: emulated, they took over ten minutes); with
     `precision="bf16"` (a GPU's table) every row in bf16, torch.nn.Transformer too, plus
@@ -48,7 +49,10 @@ def variants(model: ModelConfig, quick: bool = False, precision: str = "fp32",
     with its training forward compiled (trainer.compile=true) and with forward, loss and backward
     compiled as one (trainer.capture: CUDA graphs on a GPU, as a GPU run trains by default);
     `capture_all` too: every variant's quick rows (multi-head h = 1, 8, 32 and kv_heads=1,
-    talking heads h = 8 and 32) captured (each compiles: minutes on a GPU)."""
+    talking heads h = 8 and 32) captured (each compiles: minutes on a GPU). `peers`: Hugging
+    Face's Marian at h = 8 as well (bench.baseline.MarianPeer; the hf extra), and with `compile`
+    torch.nn.Transformer and Marian through torch.compile too, as their users would speed them
+    up."""
     def with_(**kw) -> ModelConfig:
         return dataclasses.replace(model, **kw)
 
@@ -63,6 +67,13 @@ def variants(model: ModelConfig, quick: bool = False, precision: str = "fp32",
             other += [Variant(f"{name} h=8 bf16", with_(attention=kind, heads=8), precision="bf16")]
     if main == "bf16":
         other.append(Variant("mha h=8 fp32", with_(heads=8)))
+    if peers:
+        other.append(Variant("Marian h=8", with_(heads=8), precision=main, baseline=True,
+                             peer="marian"))
+    if compile and peers:
+        other += [Variant(f"{name} h=8 compiled", with_(heads=8), precision=main, baseline=True,
+                          peer=peer, compile=True)
+                  for name, peer in (("torch.nn.Transformer", "torch.nn"), ("Marian", "marian"))]
     if compile:
         other.append(Variant(f"{MHA8} compiled", with_(heads=8), precision=main, compile=True))
         rows = [(name, label, kw) for name, entry in VARIANTS.items()
@@ -79,7 +90,8 @@ def variants(model: ModelConfig, quick: bool = False, precision: str = "fp32",
 
 def run(model: ModelConfig, steps: int = 10, warmup: int = 3, quick: bool = False,
         peak: bool = True, decode: bool = True, log=print, work: Workload | None = None,
-        precision: str = "fp32", compile: bool = False, capture_all: bool = False) -> dict:
+        precision: str = "fp32", compile: bool = False, capture_all: bool = False,
+        peers: bool = False) -> dict:
     """Measure everything; returns {'rows': [...], 'ceilings': ..., 'padding': ..., 'targets': ...}.
     `work` sets the batch and the device (default: 64 × 20 tokens on CPU); `precision` the
     table's main precision (see `variants`)."""
@@ -92,14 +104,15 @@ def run(model: ModelConfig, steps: int = 10, warmup: int = 3, quick: bool = Fals
     if not bf16:
         log("bf16 rows left out: this CPU has no native bf16 (AVX512-BF16 or AMX), so bf16 "
             "products are emulated, tens of times slower than fp32")
-    vs = variants(model, quick, precision, compile, bf16, capture_all)
+    vs = variants(model, quick, precision, compile, bf16, capture_all, peers)
     log(f"training {len(vs)} variants, taking turns: {warmup} warm-up + {steps} measured steps")
     rows = train_throughput(vs, work, steps=steps, warmup=warmup)
     for row, v in zip(rows, vs):
         row["mfu"] = row["gflops_per_s"] / ceilings[v.precision]
         if peak:
             row["peak_mb"] = peak_memory_mb(v, work)
-        if decode and not (v.compile or v.capture):  # decoding stays eager: the mha h=8 row is this one's
+        # decoding stays eager (the mha h=8 row is this one's), and Marian's is its own generate
+        if decode and not (v.compile or v.capture or v.peer == "marian"):
             caches = (False,) if v.baseline else (True, False) if v.name == MHA8 else (True,)
             for use_cache in caches:
                 suffix = "" if use_cache else "_uncached"
@@ -142,10 +155,18 @@ def targets(by: dict, padding: float | None, decode: bool, precision: str = "fp3
     mha, torch_tf = by[MHA8], by["torch.nn.Transformer h=8"]
     mfu_goal = 0.4 if device == "cuda" else 0.5
     ratio = mha["tokens_per_s"] / torch_tf["tokens_per_s"]
+    peers = {name: r for name, r in by.items() if name.startswith(("torch.nn.Transformer h=8",
+                                                                    "Marian h=8"))}
+    captured = by.get(f"{MHA8} captured")
     out = [
         (f"{precision} h=8 ≥ 1.3× torch.nn.Transformer", f"{ratio:.2f}×", ratio >= 1.3),
         (f"{precision} h=8 MFU ≥ {mfu_goal:.0%}", f"{mha['mfu']:.0%}", mha["mfu"] >= mfu_goal),
     ]
+    if captured and len(peers) > 1:  # the issue's bar: the captured step against every peer
+        fastest = max(peers, key=lambda name: peers[name]["tokens_per_s"])
+        ratio = captured["tokens_per_s"] / peers[fastest]["tokens_per_s"]
+        out.append((f"h=8 captured ≥ 1.3× the fastest peer ({fastest})", f"{ratio:.2f}×",
+                    ratio >= 1.3))
     if precision == "fp32" and f"{MHA8} bf16" not in by:  # a CPU without native bf16
         none = "n/a (no native bf16 on this CPU)"
         out += [("bf16 ≥ 1.4× fp32 (h=8)", none, None),

@@ -33,6 +33,72 @@ def test_torch_baseline_trains_and_decodes_like_our_model():
     assert sum(p.numel() for p in base.parameters()) == ours  # same dims, same parameter count
 
 
+def test_the_marian_peer_is_transformers_own_model_trained_by_the_bench_step():
+    """bench --peers' Marian: with its dims from heads-lab's config, its logits are those of
+    transformers' MarianMTModel forward (the library's own, on a padded batch, dropout off);
+    the bench step trains it, eager and through torch.compile; torch.nn.Transformer's forward is
+    its decode of its encode."""
+    pytest.importorskip("transformers", reason="the hf extra (make test installs it)")
+    from heads_lab.bench.baseline import MarianPeer
+
+    cfg = dataclasses.replace(SMALL, dropout=0.0)
+    torch.manual_seed(0)
+    peer = MarianPeer(cfg, 50).eval()
+    src = torch.randint(3, 50, (3, 7))
+    src[0, 5:] = 0  # padding
+    tgt = torch.randint(3, 50, (3, 5))
+    with torch.no_grad():
+        ours = peer.logits(peer(src, tgt))
+        theirs = peer.hf(input_ids=src, attention_mask=(src != 0).long(),
+                         decoder_input_ids=tgt).logits
+    assert torch.allclose(ours, theirs, atol=1e-5), (ours - theirs).abs().max()
+    assert peer.hf.config.d_model == 32 and peer.hf.config.encoder_attention_heads == 4
+    assert peer.hf.config.encoder_ffn_dim == 64 and peer.hf.config.decoder_layers == 1
+    (row,) = train_throughput([Variant("marian", SMALL, baseline=True, peer="marian")],
+                              Workload(batch=4, length=6, vocab=50), steps=2, warmup=1)
+    assert row["tokens_per_s"] > 0 and len(row["losses"]) == 6
+    base = TorchTransformer(SMALL, 50).eval()
+    with torch.no_grad():
+        assert torch.equal(base(src, tgt), base.decode(tgt, base.encode(src)))
+
+
+@pytest.mark.slow  # compiles two models: `make test-slow` (CI runs it)
+def test_the_peers_train_through_torch_compile_as_their_users_would():
+    """bench --peers --compile's rows: torch.nn.Transformer and Marian through torch.compile,
+    trained by the bench's step, their losses those of the eager step (dropout off, same
+    weights and batch) within float rounding."""
+    pytest.importorskip("transformers", reason="the hf extra (make test installs it)")
+    cfg = dataclasses.replace(SMALL, dropout=0.0)
+    work = Workload(batch=4, length=6, vocab=50)
+    for peer in ("torch.nn", "marian"):
+        rows = train_throughput([Variant(peer, cfg, baseline=True, peer=peer),
+                                 Variant(f"{peer} compiled", cfg, baseline=True, peer=peer,
+                                         compile=True)], work, steps=2, warmup=1)
+        eager, compiled = (r["losses"] for r in rows)
+        assert compiled == pytest.approx(eager, rel=1e-4), peer
+
+
+def test_the_peers_table_adds_marian_and_compiled_peers_and_their_target():
+    """bench --peers: Marian at h=8; with --compile torch.nn.Transformer and Marian compiled
+    too; the captured h=8 row is held to 1.3× the fastest of them."""
+    from heads_lab.bench.suite import MHA8, targets, variants
+
+    model = ModelConfig(d_model=32, heads=4, d_ff=64, encoder_layers=1, decoder_layers=1)
+    rows = {v.name: v for v in variants(model, quick=True, precision="bf16", compile=True,
+                                        peers=True)}
+    assert {n: (v.peer, v.compile) for n, v in rows.items() if v.baseline} == {
+        "torch.nn.Transformer h=8": ("torch.nn", False), "Marian h=8": ("marian", False),
+        "torch.nn.Transformer h=8 compiled": ("torch.nn", True),
+        "Marian h=8 compiled": ("marian", True)}
+    assert not any(v.peer == "marian" for v in variants(model, quick=True, precision="bf16"))
+    row = {"tokens_per_s": 100.0, "mfu": 0.5, "losses": []}
+    by = {MHA8: row, f"{MHA8} fp32": row, "torch.nn.Transformer h=8": row,
+          "Marian h=8 compiled": {**row, "tokens_per_s": 200.0},
+          f"{MHA8} captured": {**row, "tokens_per_s": 300.0}}
+    (found,) = [t for t in targets(by, None, decode=False, precision="bf16") if "peer" in t[0]]
+    assert found == ("h=8 captured ≥ 1.3× the fastest peer (Marian h=8 compiled)", "1.50×", True)
+
+
 def _their_name(ours: str) -> str:
     """torch.nn.Transformer's name for a parameter of heads-lab's model (pre-norm, mha)."""
     if ours == "embed.weight":
