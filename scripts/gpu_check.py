@@ -63,8 +63,10 @@ MULTI30K = ("train.", "val.", "test_2016_flickr.")  # de and en: the study's pai
 # most of it), table_a 168 s for its 15 runs at once; on an H100 the tests took 48–54 s (a 230 s
 # budget's 20 % share, 46 s, cut them). Not yet measured: the captured-step CUDA tests (they
 # compile: tests' whole raised to 100 s) and bench_large (25,600 tokens a step, no decoding).
+# bench_peers (not a default part; not yet measured: its whole is a guess, 12 compiled rows at
+# two batch sizes) is every variant captured beside the peers, at 8k and 25.6k tokens a step.
 GPU_PARTS = (("tests", 0.2, 30, 100), ("bench", 0.4, 60, 180), ("bench_large", 0.2, 40, 90),
-             ("profile", 0.1, 20, 40),
+             ("bench_peers", 0.6, 60, 400), ("profile", 0.1, 20, 40),
              ("table_a", 0.6, 120, 170), ("studies", 1.0, 120, 0))
 
 
@@ -100,8 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--site", default="/tmp/heads-lab-site", help="where missing wheels go")
     run.add_argument("--jobs", type=int, default=8, help="jobs at once on the GPU (table_a, studies)")
     run.add_argument("--parts", default="tests,bench,bench_large,profile,table_a",
-                     help="which parts, in order: tests, bench, bench_large, profile, table_a, "
-                          "studies")
+                     help="which parts, in order: tests, bench, bench_large, bench_peers (not "
+                          "by default), profile, table_a, studies")
     run.add_argument("--study", action="append", default=[], metavar="'PRESET [OVERRIDE ...]'",
                      help="for the studies part (repeat it): a preset's whole sweep on the GPU, "
                           "with its overrides, e.g. 'kv_heads seed=1,2,3'; into <out>/<preset>/ "
@@ -364,6 +366,41 @@ class Check:
         rows = "; ".join(f"{r['name']} {r['tokens_per_s']:,.0f} tok/s (MFU {r['mfu']:.0%})"
                          for r in result["rows"] if r["name"].startswith(("mha h=8", "torch.nn")))
         return "ok", f"{tokens:,} target tokens a step: {rows}"
+
+    def bench_peers(self, allowed: float):
+        """Every variant captured (mha h=1, 8, 32 and kv_heads=1, talking heads h=8 and 32)
+        beside the peers (torch.nn.Transformer and Hugging Face's Marian, eager and compiled) at
+        8,192 and 25,600 target tokens a step, no decoding: bench_peers_<tokens>.json each. The
+        dry run: the peers' rows only, tiny (compiling is minutes on a CPU)."""
+        started, found = time.monotonic(), []
+        batches = (4,) if self.opts.cpu else (256, 800)
+        for batch in batches:
+            if self.opts.cpu:
+                args = ["--batch", str(batch), "--length", "6", "--device", "cpu", "--precision",
+                        "fp32", "--steps", "1", "--warmup", "0", "model.d_model=32",
+                        "model.d_ff=64", "model.encoder_layers=1", "model.decoder_layers=1"]
+            else:
+                args = ["--batch", str(batch), "--length", "32", "--device", "cuda",
+                        "--precision", "bf16", "--steps", "10", "--warmup", "3", "--compile",
+                        "--capture-all", "model.d_model=512", "model.d_ff=2048",
+                        "model.encoder_layers=6", "model.decoder_layers=6"]
+            tokens = batch * (6 if self.opts.cpu else 32)
+            json_path = self.out / f"bench_peers_{tokens}.json"
+            left = allowed - (time.monotonic() - started)
+            env, self.env = self.env, {k: v for k, v in self.env.items() if k != "HEADS_LAB_DATA"}
+            try:
+                proc = self.sh(f"bench_peers_{tokens}", self.heads_lab(
+                    "bench", "--quick", "--no-decode", "--peers", *args, "--json",
+                    str(json_path)), left)
+            finally:
+                self.env = env
+            if proc.returncode or not json_path.is_file():
+                return "failed", f"exit {proc.returncode} (logs/bench_peers_{tokens}.log)"
+            rows = json.loads(json_path.read_text())["rows"]
+            best = max(rows, key=lambda r: r["tokens_per_s"])
+            found.append(f"{tokens:,} tokens: fastest {best['name']} "
+                         f"{best['tokens_per_s']:,.0f} tok/s")
+        return "ok", "; ".join(found)
 
     def profile(self, allowed: float):
         """Where a training step's time goes on the device (heads-lab bench --profile train):
