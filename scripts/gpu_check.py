@@ -64,9 +64,11 @@ MULTI30K = ("train.", "val.", "test_2016_flickr.")  # de and en: the study's pai
 # budget's 20 % share, 46 s, cut them). Not yet measured: the captured-step CUDA tests (they
 # compile: tests' whole raised to 100 s) and bench_large (25,600 tokens a step, no decoding).
 # bench_peers (not a default part; not yet measured: its whole is a guess, 12 compiled rows at
-# two batch sizes) is every variant captured beside the peers, at 8k and 25.6k tokens a step.
+# two batch sizes) is every variant captured beside the peers, at 8k and 25.6k tokens a step;
+# profile_captured (not a default part; its whole a guess too) the captured step's profile.
 GPU_PARTS = (("tests", 0.2, 30, 100), ("bench", 0.4, 60, 180), ("bench_large", 0.2, 40, 90),
              ("bench_peers", 0.6, 60, 400), ("profile", 0.1, 20, 40),
+             ("profile_captured", 0.3, 40, 120),
              ("table_a", 0.6, 120, 170), ("studies", 1.0, 120, 0))
 
 
@@ -103,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--jobs", type=int, default=8, help="jobs at once on the GPU (table_a, studies)")
     run.add_argument("--parts", default="tests,bench,bench_large,profile,table_a",
                      help="which parts, in order: tests, bench, bench_large, bench_peers (not "
-                          "by default), profile, table_a, studies")
+                          "by default), profile, profile_captured (not by default), table_a, "
+                          "studies")
     run.add_argument("--study", action="append", default=[], metavar="'PRESET [OVERRIDE ...]'",
                      help="for the studies part (repeat it): a preset's whole sweep on the GPU, "
                           "with its overrides, e.g. 'kv_heads seed=1,2,3'; into <out>/<preset>/ "
@@ -405,6 +408,14 @@ class Check:
     def profile(self, allowed: float):
         """Where a training step's time goes on the device (heads-lab bench --profile train):
         profile.json (the top operators and kernels by device time) and trace.json."""
+        return self._profile(allowed, "")
+
+    def profile_captured(self, allowed: float):
+        """The same of the captured step (--capture), as a GPU run trains by default:
+        profile_captured.json and trace_captured.json (not a default part)."""
+        return self._profile(allowed, "_captured")
+
+    def _profile(self, allowed: float, suffix: str):
         if self.opts.cpu:
             args = ["--batch", "4", "--length", "6", "--device", "cpu", "--precision", "fp32",
                     "--steps", "2", "--warmup", "1", "model.d_model=32", "model.d_ff=64",
@@ -413,12 +424,13 @@ class Check:
             args = ["--batch", "256", "--length", "32", "--device", "cuda", "--precision",
                     "bf16", "--steps", "5", "--warmup", "3", "model.d_model=512",
                     "model.d_ff=2048", "model.encoder_layers=6", "model.decoder_layers=6"]
-        json_path = self.out / "profile.json"
-        proc = self.sh("profile", self.heads_lab(
-            "bench", "--profile", "train", "model.heads=8", *args, "--json", str(json_path),
-            "--trace", str(self.out / "trace.json")), allowed)
+        json_path = self.out / f"profile{suffix}.json"
+        proc = self.sh(f"profile{suffix}", self.heads_lab(
+            "bench", "--profile", "train", *(["--capture"] if suffix else []), "model.heads=8",
+            *args, "--json", str(json_path), "--trace", str(self.out / f"trace{suffix}.json")),
+            allowed)
         if proc.returncode or not json_path.is_file():
-            return "failed", f"exit {proc.returncode} (logs/profile.log)"
+            return "failed", f"exit {proc.returncode} (logs/profile{suffix}.log)"
         result = json.loads(json_path.read_text())
         top = "; ".join(f"{r['name']} {100 * r['share']:.0f} %" for r in result["rows"][:3])
         return "ok", f"{result['total_ms_per_step']:.1f} ms/step ({result['clock']}): {top}"

@@ -52,6 +52,9 @@ def main(args: list[str]) -> int:
                              "(model.* overrides; default the bench's: d_model 256, 3+3 layers, "
                              "d_ff 1024, h=8): its Chrome trace (--trace) and a table of the "
                              "operators with the most self time")
+    parser.add_argument("--capture", action="store_true",
+                        help="--profile train: the captured step (trainer.capture), as a GPU run "
+                        "trains by default")
     parser.add_argument("--trace", default="bench_trace.json", help="--profile: the trace file")
     parser.add_argument("--rows", type=int, default=25, help="--profile: operators in the table")
     parser.add_argument("--json", default="bench.json", help="where to write the numbers")
@@ -65,6 +68,9 @@ def main(args: list[str]) -> int:
         if importlib.util.find_spec("transformers") is None:
             raise ConfigError("bench --peers measures Hugging Face's Marian: install the hf "
                               "extra (pip install 'heads-lab[hf]')")
+    if opts.capture and opts.profile != "train":
+        raise ConfigError("bench --capture profiles the captured training step: give it with "
+                          "--profile train")
     if opts.capture_all and not opts.compile:
         raise ConfigError("bench --capture-all adds captured rows to the compiled ones: add "
                           "--compile")
@@ -79,7 +85,8 @@ def main(args: list[str]) -> int:
 
         work, precision = _workload(opts)
         result = profile.run(model, work, precision, opts.profile, steps=min(opts.steps, 5),
-                             warmup=opts.warmup, rows=opts.rows, trace=Path(opts.trace))
+                             warmup=opts.warmup, rows=opts.rows, trace=Path(opts.trace),
+                             capture=opts.capture)
         console.print(_profile_table(result))
         console.print(f"trace: {opts.trace} (chrome://tracing or ui.perfetto.dev)")
     elif opts.depth:

@@ -15,6 +15,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from heads_lab.bench.measure import Variant, Workload, _optimizer, train_step
 from heads_lab.config.schemas import ModelConfig
 from heads_lab.model.decode import beam_search, greedy
+from heads_lab.training.captured import CapturedLoss
 from heads_lab.training.device import autocast, synchronize
 
 WHAT = ("train", "greedy", "beam")
@@ -22,24 +23,29 @@ WHAT = ("train", "greedy", "beam")
 
 def run(model: ModelConfig, work: Workload, precision: str, what: str = "train", steps: int = 5,
         warmup: int = 2, rows: int = 25, trace: Path | None = None,
-        talking_heads_path: str | None = None) -> dict[str, Any]:
+        talking_heads_path: str | None = None, capture: bool = False) -> dict[str, Any]:
     """Profile `steps` repetitions of `what` (a training step, greedy or beam-4 decoding of the
-    workload's batch) of the model; returns the top `rows` operators by self time."""
+    workload's batch) of the model; returns the top `rows` operators by self time. `capture`:
+    the captured training step (trainer.capture: forward, loss and backward compiled as one,
+    CUDA graphs on a GPU), as a GPU run trains by default; compiled in the warm-up."""
     if what not in WHAT:
         raise ValueError(f"--profile {what}: choose one of {', '.join(WHAT)}")
     device = work.torch_device
-    v = Variant(f"{model.attention.value} h={model.heads}", model, precision,
-                talking_heads_path=talking_heads_path)
+    if capture and what != "train":
+        raise ValueError(f"--profile {what} --capture: only a training step is captured")
+    v = Variant(f"{model.attention.value} h={model.heads}" + (" captured" if capture else ""),
+                model, precision, talking_heads_path=talking_heads_path, capture=capture)
     torch.manual_seed(0)
     net = v.build(work.vocab, device)
     src, tgt_in, tgt_out = work.tensors(0)
     opt = _optimizer(net, False) if what == "train" else None
     net.train(what == "train")
+    captured = CapturedLoss(net, net, 0.1, precision, device) if capture else None
 
     def once() -> None:
         with v.path():
             if what == "train":
-                train_step(net, opt, precision, src, tgt_in, tgt_out)
+                train_step(net, opt, precision, src, tgt_in, tgt_out, captured=captured)
                 return
             with autocast(device, precision), torch.no_grad():
                 if what == "greedy":

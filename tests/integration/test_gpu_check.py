@@ -232,17 +232,20 @@ def test_a_small_budget_still_gives_a_part_the_time_it_takes_whole(tmp_path):
     assert gpu_check.allowance(parts, 1, 159.0, 230.0) == 159.0  # the last: what is left
 
 
-def test_the_peers_part_measures_marian_beside_torch_and_heads_lab(tmp_path):
-    """--parts bench_peers (not a default part): on a GPU every variant captured beside the
-    peers at two batch sizes; its dry run the peers' rows, tiny, into bench_peers_<tokens>.json."""
+def test_the_peers_and_captured_profile_parts_measure_what_a_gpu_run_trains(tmp_path):
+    """--parts bench_peers,profile_captured (not default parts): on a GPU every variant captured
+    beside the peers at two batch sizes, and the captured step's profile; their dry run the
+    peers' rows, tiny, into bench_peers_<tokens>.json, and the captured step's profile."""
     pytest.importorskip("transformers", reason="the hf extra (make test installs it)")
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "run", "--cpu",
-                           "--out", str(out), "--parts", "bench_peers"],
+                           "--out", str(out), "--parts", "bench_peers,profile_captured"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     parts = {p["part"]: p for p in json.loads((out / "gpu_check.json").read_text())["parts"]}
-    assert parts["bench_peers"]["status"] == "ok", parts
+    assert parts["bench_peers"]["status"] == parts["profile_captured"]["status"] == "ok", parts
+    profile = json.loads((out / "profile_captured.json").read_text())
+    assert profile["variant"] == "mha h=8 captured" and (out / "trace_captured.json").is_file()
     rows = {r["name"]: r for r in json.loads((out / "bench_peers_24.json").read_text())["rows"]}
     assert {"torch.nn.Transformer h=8", "Marian h=8", "mha h=8"} <= set(rows)
     assert all(r["tokens_per_s"] > 0 for r in rows.values())

@@ -267,6 +267,8 @@ def test_bench_rejects_other_overrides():
         main(["model.heads=3"])
     with pytest.raises(ConfigError, match="bench --capture-all .* add --compile"):
         main(["--capture-all"])
+    with pytest.raises(ConfigError, match="bench --capture profiles .* --profile train"):
+        main(["--profile", "greedy", "--capture"])
 
 
 @pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)
@@ -321,6 +323,24 @@ def test_bench_profile_writes_a_trace_and_the_operators_that_take_the_step(tmp_p
     names = {e.get("name") for e in json.loads(trace.read_text())["traceEvents"]}
     assert all(r["name"] in names for r in result["rows"])
     assert ("aten::mm" in names or "aten::addmm" in names) and f"{what} 0" in names
+
+
+@pytest.mark.slow  # compiles the step: `make test-slow` (CI runs it)
+def test_bench_profiles_the_captured_step_as_a_gpu_run_trains(tmp_path):
+    """--profile train --capture: the step trainer.capture compiles (forward, loss and backward
+    as one) is what is recorded: the trace holds the compiled region, its table the step's own
+    operators."""
+    from heads_lab.bench import main
+
+    out, trace = tmp_path / "profile.json", tmp_path / "trace.json"
+    assert main(["--profile", "train", "--capture", "--steps", "2", "--warmup", "2", "--rows",
+                 "8", "--device", "cpu", "--json", str(out), "--trace", str(trace),
+                 "model.d_model=32", "model.d_ff=64", "model.encoder_layers=1",
+                 "model.decoder_layers=1"]) == 0
+    result = json.loads(out.read_text())
+    assert result["variant"] == "mha h=8 captured" and result["what"] == "train"
+    names = {e.get("name", "") for e in json.loads(trace.read_text())["traceEvents"]}
+    assert any("Compiled" in n or "compiled" in n for n in names), sorted(names)[:40]
 
 
 @pytest.mark.slow  # a process per point: `make test-slow` (CI runs it)
