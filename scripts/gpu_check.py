@@ -373,8 +373,9 @@ class Check:
     def bench_peers(self, allowed: float):
         """Every variant captured (mha h=1, 8, 32 and kv_heads=1, talking heads h=8 and 32)
         beside the peers (torch.nn.Transformer and Hugging Face's Marian, eager and compiled) at
-        8,192 and 25,600 target tokens a step, no decoding: bench_peers_<tokens>.json each. The
-        dry run: the peers' rows only, tiny (compiling is minutes on a CPU)."""
+        8,192 target tokens a step with greedy and beam-4 decoding (Marian's by its own
+        generate), and at 25,600 without: bench_peers_<tokens>.json each. The dry run: the
+        peers' rows, tiny, with decoding (compiling is minutes on a CPU)."""
         started, found = time.monotonic(), []
         batches = (4,) if self.opts.cpu else (256, 800)
         for batch in batches:
@@ -392,9 +393,10 @@ class Check:
             left = allowed - (time.monotonic() - started)
             env, self.env = self.env, {k: v for k, v in self.env.items() if k != "HEADS_LAB_DATA"}
             try:
+                decode = [] if batch == batches[0] else ["--no-decode"]  # decoding: the 8k one
                 proc = self.sh(f"bench_peers_{tokens}", self.heads_lab(
-                    "bench", "--quick", "--no-decode", "--peers", *args, "--json",
-                    str(json_path)), left)
+                    "bench", "--quick", *decode, "--peers", *args, "--json", str(json_path)),
+                    left)
             finally:
                 self.env = env
             if proc.returncode or not json_path.is_file():

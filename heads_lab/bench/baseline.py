@@ -3,7 +3,7 @@ heads_lab's model (encode / decode / logits / loss / forward), so the same train
 or through torch.compile) runs them: torch.nn.Transformer (TorchTransformer: the same sinusoidal
 positions, tied embeddings and loss; the uncached decoder runs it, as it has no key/value
 cache), and Hugging Face's Marian (MarianPeer: MarianMTModel's own layers, post-norm, with SDPA
-attention; training only; the hf extra)."""
+attention, decoding by its own `generate` with its cache; the hf extra)."""
 
 from __future__ import annotations
 
@@ -92,7 +92,8 @@ class MarianPeer(nn.Module):
             decoder_ffn_dim=cfg.d_ff, dropout=cfg.dropout, attention_dropout=0.0,
             activation_dropout=0.0, activation_function=cfg.activation.value,
             max_position_embeddings=cfg.max_positions, scale_embedding=True,
-            pad_token_id=pad_id, decoder_start_token_id=pad_id, eos_token_id=2)
+            pad_token_id=pad_id, decoder_start_token_id=pad_id, eos_token_id=2,
+            forced_eos_token_id=None)  # EOS held back, as the bench's decoders hold it
         self.hf = MarianMTModel._from_config(config, attn_implementation="sdpa")
 
     def encode(self, src: Tensor, need_weights: bool = False) -> Encoded:
@@ -110,6 +111,15 @@ class MarianPeer(nn.Module):
 
     def forward(self, src: Tensor, tgt_in: Tensor, hidden_only: bool = True) -> Tensor:
         return self.decode(tgt_in, self.encode(src))
+
+    def generate(self, src: Tensor, beam: int, length: int) -> list[list[int]]:
+        """Exactly `length` tokens per source (as the bench's decoders, EOS held back), greedy
+        (beam 1) or beam search, by transformers' own `generate` with its key/value cache."""
+        out = self.hf.generate(input_ids=src, attention_mask=(src != self.pad_id).long(),
+                               num_beams=beam, do_sample=False, min_new_tokens=length,
+                               max_new_tokens=length, use_cache=True,
+                               **({"length_penalty": 0.6} if beam > 1 else {}))
+        return [row[1:].tolist() for row in out]  # without the decoder's start token
 
     def logits(self, hidden: Tensor) -> Tensor:
         return self.hf.lm_head(hidden) + self.hf.final_logits_bias

@@ -159,7 +159,9 @@ def decode_throughput(v: Variant, work: Workload, beam: int, use_cache: bool, re
     for _ in range(reps + 1):  # the first run warms up
         started = time.perf_counter()
         with autocast(src.device, v.precision), v.path():
-            if beam == 1:
+            if v.baseline and v.peer == "marian":  # its own generate, with its own cache
+                out = model.generate(src, beam, work.length)
+            elif beam == 1:
                 out = greedy(model, src, work.length + 1, use_cache, min_len=work.length)
             else:
                 out = beam_search(model, src, beam, 0.6, work.length + 1, use_cache,

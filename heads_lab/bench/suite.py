@@ -111,9 +111,10 @@ def run(model: ModelConfig, steps: int = 10, warmup: int = 3, quick: bool = Fals
         row["mfu"] = row["gflops_per_s"] / ceilings[v.precision]
         if peak:
             row["peak_mb"] = peak_memory_mb(v, work)
-        # decoding stays eager (the mha h=8 row is this one's), and Marian's is its own generate
-        if decode and not (v.compile or v.capture or v.peer == "marian"):
-            caches = (False,) if v.baseline else (True, False) if v.name == MHA8 else (True,)
+        # decoding stays eager: the mha h=8 row is this one's (Marian's: its generate, cached)
+        if decode and not (v.compile or v.capture):
+            caches = ((True,) if v.peer == "marian" else (False,)) if v.baseline else (
+                (True, False) if v.name == MHA8 else (True,))
             for use_cache in caches:
                 suffix = "" if use_cache else "_uncached"
                 row[f"greedy{suffix}"], g = decode_throughput(v, work, 1, use_cache)

@@ -249,3 +249,7 @@ def test_the_peers_and_captured_profile_parts_measure_what_a_gpu_run_trains(tmp_
     rows = {r["name"]: r for r in json.loads((out / "bench_peers_24.json").read_text())["rows"]}
     assert {"torch.nn.Transformer h=8", "Marian h=8", "mha h=8"} <= set(rows)
     assert all(r["tokens_per_s"] > 0 for r in rows.values())
+    decoded = {name: (rows[name][f"greedy{suffix}"], rows[name][f"beam4{suffix}"])  # sentences/s
+               for name, suffix in (("torch.nn.Transformer h=8", "_uncached"), ("Marian h=8", ""),
+                                    ("mha h=8", ""))}  # torch.nn has no key/value cache
+    assert all(greedy > 0 and beam > 0 for greedy, beam in decoded.values()), decoded

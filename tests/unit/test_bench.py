@@ -36,7 +36,7 @@ def test_torch_baseline_trains_and_decodes_like_our_model():
 def test_the_marian_peer_is_transformers_own_model_trained_by_the_bench_step():
     """bench --peers' Marian: with its dims from heads-lab's config, its logits are those of
     transformers' MarianMTModel forward (the library's own, on a padded batch, dropout off);
-    the bench step trains it, eager and through torch.compile; torch.nn.Transformer's forward is
+    the bench step trains it; it decodes by its own generate; torch.nn.Transformer's forward is
     its decode of its encode."""
     pytest.importorskip("transformers", reason="the hf extra (make test installs it)")
     from heads_lab.bench.baseline import MarianPeer
@@ -57,6 +57,25 @@ def test_the_marian_peer_is_transformers_own_model_trained_by_the_bench_step():
     (row,) = train_throughput([Variant("marian", SMALL, baseline=True, peer="marian")],
                               Workload(batch=4, length=6, vocab=50), steps=2, warmup=1)
     assert row["tokens_per_s"] > 0 and len(row["losses"]) == 6
+    # decoding: its own generate, exactly `length` tokens; greedy is the argmax of its own
+    # logits step by step (from its start token, EOS held back), computed here without a cache
+    work = Workload(batch=3, length=5, vocab=50)
+    for beam in (1, 4):
+        rate, out = decode_throughput(Variant("marian", cfg, baseline=True, peer="marian"), work,
+                                      beam, use_cache=True, reps=1)
+        assert rate > 0 and [len(o) for o in out] == [5, 5, 5]
+        if beam == 1:
+            torch.manual_seed(0)
+            again = MarianPeer(cfg, 50).eval()
+            src = work.tensors(0)[0]
+            ids = torch.zeros((3, 1), dtype=torch.long)  # the decoder's start token (pad)
+            with torch.no_grad():
+                enc = again.encode(src)
+                for _ in range(5):
+                    logits = again.logits(again.decode(ids, enc))[:, -1]
+                    logits[:, 2] = float("-inf")  # EOS held back
+                    ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], 1)
+            assert ids[:, 1:].tolist() == out
     base = TorchTransformer(SMALL, 50).eval()
     with torch.no_grad():
         assert torch.equal(base(src, tgt), base.decode(tgt, base.encode(src)))
