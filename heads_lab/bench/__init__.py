@@ -61,19 +61,8 @@ def main(args: list[str]) -> int:
     parser.add_argument("--png", default="bench_depth.png", help="--depth: the plot")
     opts = parser.parse_intermixed_args(args)  # model.KEY=VALUE anywhere among the flags
     model = _model(opts.overrides)
+    _check_options(opts)
     _check_counts_and_files(opts)
-    if opts.peers:
-        import importlib.util  # lazy: only for --peers
-
-        if importlib.util.find_spec("transformers") is None:
-            raise ConfigError("bench --peers measures Hugging Face's Marian: install the hf "
-                              "extra (pip install 'heads-lab[hf]')")
-    if opts.capture and opts.profile != "train":
-        raise ConfigError("bench --capture profiles the captured training step: give it with "
-                          "--profile train")
-    if opts.capture_all and not opts.compile:
-        raise ConfigError("bench --capture-all adds captured rows to the compiled ones: add "
-                          "--compile")
     if opts.steps is None:  # measured steps: 5 per depth point, else 10 per variant
         opts.steps = 5 if opts.depth else 10
     # lazy: start-up time (rich), kept out of the bench's peak-RSS child processes
@@ -109,6 +98,22 @@ def main(args: list[str]) -> int:
     write_json(Path(opts.json), result)
     console.print(f"numbers: {opts.json}")
     return 0
+
+
+def _check_options(opts) -> None:
+    """Flags that only make sense together, and --peers' optional dependency."""
+    if opts.peers:
+        import importlib.util  # lazy: only for --peers
+
+        if importlib.util.find_spec("transformers") is None:
+            raise ConfigError("bench --peers measures Hugging Face's Marian: install the hf "
+                              "extra (pip install 'heads-lab[hf]')")
+    if opts.capture and opts.profile != "train":
+        raise ConfigError("bench --capture profiles the captured training step: give it with "
+                          "--profile train")
+    if opts.capture_all and not opts.compile:
+        raise ConfigError("bench --capture-all adds captured rows to the compiled ones: add "
+                          "--compile")
 
 
 def _check_counts_and_files(opts) -> None:
