@@ -159,7 +159,8 @@ def _start(run: RunConfig, run_dir: Path):
     run.trainer.precision = type(run.trainer.precision)(precision)
     # trainer.capture=auto resolved (on for a CUDA device) and written back, as precision is
     # (results.json's train.captured records it; its config keeps what was asked)
-    run.trainer.capture = "true" if capture_on(run.trainer, device) else "false"
+    plain = ranks is None and run.prune.l0_lambda == 0  # no data-parallel ranks, no head gates
+    run.trainer.capture = "true" if capture_on(run.trainer, device, plain) else "false"
     if ranks is not None and device.type == "cuda":
         device = torch.device("cuda", ranks.local_rank)
     return ranks, device, precision

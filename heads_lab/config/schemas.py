@@ -133,8 +133,9 @@ class TrainerConfig:
     capture: str = opt("auto",
         "auto | true | false: the whole step's forward, loss and backward as one compiled "
         "function with static shapes (CUDA graphs on a GPU: mode=reduce-overhead); auto: on for "
-        "a CUDA device (unless trainer.compile=true), off on a CPU, where it is slower than "
-        "eager; pair it with pad_multiple (e.g. 8) on a GPU (README, On a GPU)")
+        "a CUDA device's plain training (not with trainer.compile=true, head gates or "
+        "data-parallel ranks), off on a CPU, where it is slower than eager; pair it with "
+        "pad_multiple (e.g. 8) on a GPU (README, On a GPU)")
     pad_multiple: int = opt(1,
         "pad each training batch's rows and source and target lengths to a multiple of this "
         "(1: no padding), so a captured step meets few shapes")

@@ -30,13 +30,14 @@ from heads_lab.data.tokenizer import BOS, EOS, PAD
 from heads_lab.training.device import autocast
 
 
-def capture_on(cfg, device) -> bool:
+def capture_on(cfg, device, plain: bool = True) -> bool:
     """Whether trainer.capture captures the step on `device`: true and false as set; auto on a
     CUDA device unless trainer.compile=true (the user asked for the compiled forward), off on a
-    CPU (slower than eager there)."""
+    CPU (slower than eager there), and off where the training is not `plain` (head gates or
+    data-parallel ranks: the captured step is not yet tested with them on a GPU)."""
     setting = str(cfg.capture).lower()
     if setting == "auto":
-        return getattr(device, "type", str(device)) == "cuda" and not cfg.compile
+        return getattr(device, "type", str(device)) == "cuda" and not cfg.compile and plain
     return setting == "true"
 
 

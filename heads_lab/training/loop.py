@@ -90,7 +90,7 @@ class Trainer:
         self.net = parallel.wrap(model) if parallel else model  # DistributedDataParallel on ranks
         # trainer.capture compiles forward, loss and backward (training.captured); else
         # trainer.compile the training forward only: checkpoints, validation, decoding use `model`
-        capture = capture_on(cfg, device)
+        capture = capture_on(cfg, device, plain=extra is None and parallel is None)
         self.captured = (CapturedLoss(self.net, model, cfg.label_smoothing, cfg.precision, device)
                          if capture else None)
         if cfg.compile and not capture:

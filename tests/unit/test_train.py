@@ -147,8 +147,9 @@ def test_captured_step_follows_eager_training_on_padded_batches():
 
 def test_capture_auto_captures_on_a_cuda_device_only():
     """trainer.capture=auto (the default) is on for a CUDA device and off on a CPU, and off where
-    trainer.compile=true asks for the compiled forward instead; true and false are as set, as
-    YAML booleans too (read back as 'True' and 'False')."""
+    trainer.compile=true asks for the compiled forward instead or the training is not plain
+    (head gates, data-parallel ranks); true and false are as set, as YAML booleans too (read
+    back as 'True' and 'False')."""
     from heads_lab.config.compose import to_object
     from heads_lab.config.validate import validate
     from heads_lab.training.captured import capture_on
@@ -159,6 +160,8 @@ def test_capture_auto_captures_on_a_cuda_device_only():
     assert default.capture == "auto"
     assert capture_on(default, cuda) and not capture_on(default, cpu)
     assert not capture_on(TrainerConfig(compile=True), cuda)
+    assert not capture_on(default, cuda, plain=False)  # head gates, data-parallel ranks
+    assert capture_on(TrainerConfig(capture="true"), cuda, plain=False)  # unless asked
     for setting, on in (("true", True), ("false", False), (True, True), (False, False)):
         assert capture_on(TrainerConfig(capture=setting), cpu) is on
         assert capture_on(TrainerConfig(capture=setting), cuda) is on
