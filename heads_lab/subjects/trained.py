@@ -239,11 +239,12 @@ def gates_from_trained(run, config, model, corpus, eval_split, device, out: Path
         kept_after,
         remove_heads,
     )
-    from heads_lab.training.loop import train  # lazy: start-up time (torch)
+    from heads_lab.training.loop import seed_everything, train  # lazy: start-up time (torch)
     from heads_lab.training.optim import inverse_sqrt  # lazy: as above
 
     p, t = run.prune, run.trainer
     before = evaluate(model, eval_split, corpus, run, device)
+    seed_everything(run.seed)  # the gates' noise and dropout: the same run, the same numbers
     gates = install_gates(model, p)
     final_lr = t.lr * inverse_sqrt(t.warmup_steps)(max(t.max_steps or 1, 1))
     tcfg = dataclasses.replace(t, max_steps=p.steps, max_epochs=None, lr=p.lr or final_lr,

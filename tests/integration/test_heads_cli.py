@@ -315,6 +315,15 @@ def test_prune_with_gates_and_eval_with_a_head_mask(trained):
         assert "valid/ppl" not in m
     total = [sum(m[f"heads_kept/{s}"] for s in ("enc-self", "dec-self", "dec-enc")) for m in kept]
     assert total[0] > total[1]  # λ = 5 closes more gates than λ = 0
+    # the same run again gives the same numbers (the gates' noise and dropout are seeded)
+    again = heads_lab("prune", str(trained), "method=gates", "prune.l0_lambda=5",
+                      "prune.steps=8", "prune.gate_lr=3.0", "prune.eval_sentences=20",
+                      cwd=trained)
+    assert again.returncode == 0, again.stderr + again.stdout
+    twice = [json.loads(p.read_text())["prune"] for p in
+             sorted((trained / "prune").glob("*l0_lambda=5*/results.json"))]
+    assert len(twice) == 2 and twice[0]["ppl"] == twice[1]["ppl"]
+    assert twice[0]["removed"] == twice[1]["removed"] and twice[0]["bleu"] == twice[1]["bleu"]
 
     base = heads_lab("eval", str(trained), "eval.beam=1", cwd=trained)
     masked = heads_lab("eval", str(trained), "eval.beam=1", "eval.head_mask=enc:*:*", cwd=trained)
