@@ -218,13 +218,17 @@ class Check:
                            "detail": detail})
         self.say(f"[{name}] {status} in {seconds:.0f} s: {detail}")
 
-    def sh(self, name: str, cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
-        """A command with its output in logs/<name>.log (and the last lines echoed)."""
+    def sh(self, name: str, cmd: list[str], timeout: float,
+           data: bool = True) -> subprocess.CompletedProcess:
+        """A command with its output in logs/<name>.log (and the last lines echoed); `data=False`:
+        without HEADS_LAB_DATA (the benches: no Multi30k, whose padding figure is the CPU
+        table's, and the GPU's time is better spent on the speeds)."""
+        env = self.env if data else {k: v for k, v in self.env.items() if k != "HEADS_LAB_DATA"}
         log = self.out / "logs" / f"{name}.log"
         with open(log, "w", encoding="utf-8") as f:
             f.write("$ " + " ".join(cmd) + "\n")
             f.flush()
-            proc = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=f, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT,
                                     start_new_session=True)
             try:
                 proc.wait(timeout=max(1.0, timeout))
@@ -329,13 +333,8 @@ class Check:
                     "--device", "cuda", "--precision", "bf16", "--compile", "model.d_model=512",
                     "model.d_ff=2048", "model.encoder_layers=6", "model.decoder_layers=6"]
         json_path = self.out / "bench.json"
-        # no Multi30k for the bench: its padding figure is the CPU table's, and the GPU's time
-        # is better spent on the speeds (the study builds its own data)
-        env, self.env = self.env, {k: v for k, v in self.env.items() if k != "HEADS_LAB_DATA"}
-        try:
-            proc = self.sh("bench", self.heads_lab("bench", *args, "--json", str(json_path)), allowed)
-        finally:
-            self.env = env
+        proc = self.sh("bench", self.heads_lab("bench", *args, "--json", str(json_path)), allowed,
+                       data=False)
         if proc.returncode or not json_path.is_file():
             return "failed", f"exit {proc.returncode} (logs/bench.log)"
         result = json.loads(json_path.read_text())
@@ -356,12 +355,9 @@ class Check:
                     "bf16", "--steps", "10", "--warmup", "3", "--compile", "model.d_model=512",
                     "model.d_ff=2048", "model.encoder_layers=6", "model.decoder_layers=6"]
         json_path = self.out / "bench_large.json"
-        env, self.env = self.env, {k: v for k, v in self.env.items() if k != "HEADS_LAB_DATA"}
-        try:
-            proc = self.sh("bench_large", self.heads_lab(
-                "bench", "--quick", "--no-decode", *args, "--json", str(json_path)), allowed)
-        finally:
-            self.env = env
+        proc = self.sh("bench_large", self.heads_lab(
+            "bench", "--quick", "--no-decode", *args, "--json", str(json_path)), allowed,
+            data=False)
         if proc.returncode or not json_path.is_file():
             return "failed", f"exit {proc.returncode} (logs/bench_large.log)"
         result = json.loads(json_path.read_text())
@@ -391,14 +387,10 @@ class Check:
             tokens = batch * (6 if self.opts.cpu else 32)
             json_path = self.out / f"bench_peers_{tokens}.json"
             left = allowed - (time.monotonic() - started)
-            env, self.env = self.env, {k: v for k, v in self.env.items() if k != "HEADS_LAB_DATA"}
-            try:
-                decode = [] if batch == batches[0] else ["--no-decode"]  # decoding: the 8k one
-                proc = self.sh(f"bench_peers_{tokens}", self.heads_lab(
-                    "bench", "--quick", *decode, "--peers", *args, "--json", str(json_path)),
-                    left)
-            finally:
-                self.env = env
+            decode = [] if batch == batches[0] else ["--no-decode"]  # decoding: the 8k one
+            proc = self.sh(f"bench_peers_{tokens}", self.heads_lab(
+                "bench", "--quick", *decode, "--peers", *args, "--json", str(json_path)), left,
+                data=False)
             if proc.returncode or not json_path.is_file():
                 return "failed", f"exit {proc.returncode} (logs/bench_peers_{tokens}.log)"
             rows = json.loads(json_path.read_text())["rows"]

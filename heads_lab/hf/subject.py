@@ -120,14 +120,18 @@ class PretrainedSubject:
     def warn(self, line: str) -> None:
         console.print(f"warning: {line}")
 
+    @cached_property
+    def _corpus(self):
+        """The data set the command line names, prepared once (prune reads two of its splits)."""
+        from heads_lab.data import prepare  # lazy: start-up time (torch)
+
+        return prepare(self.run.data, cache_dir(self.run.paths))
+
     def _texts(self, split: str) -> tuple[list[str], list[str] | None] | None:
         """A data set's split texts (sources, references), where the command line names one."""
         if not any(o.startswith("data") for o in self.overrides):
             return None
-        from heads_lab.data import prepare  # lazy: start-up time (torch)
-
-        corpus = prepare(self.run.data, cache_dir(self.run.paths))
-        part = corpus.splits[split]
+        part = self._corpus.splits[split]
         if part.src_text is None:
             raise ConfigError(f"the {split} split's texts are not kept (only valid and test "
                               "are): use valid or test")
