@@ -4,7 +4,7 @@ commands a user runs.
     python scripts/guard_numbers.py --out /tmp/guard.json           # measure
     python scripts/guard_numbers.py --out /tmp/after.json --check tests/guard_numbers.json
 
-Six measurements, each on the CPU, in fp32, on one thread, in a fresh temporary dir (the
+Eight measurements, each on the CPU, in fp32, on one thread, in a fresh temporary dir (the
 tokenizer cache too), on heads-lab's embedded synthetic pair (no data files needed):
 
 - demo: `heads-lab train` as `make demo` runs it (the defaults): test BLEU, chrF and PPL;
@@ -16,7 +16,10 @@ tokenizer cache too), on heads-lab's embedded synthetic pair (no data files need
   PPL, parameters, heads kept and which were removed; not the times);
 - prune hf: the same on the tiny random-weight Marian translator and BERT encoder that
   scripts/hf_tiny_models.py builds (with the `hf` extra): masked-LM accuracy, BLEU, PPL;
-- analyze hf: `heads-lab analyze` of the tiny BERT: its grids.
+- analyze hf: `heads-lab analyze` of the tiny BERT and of the tiny GPT-2 (a causal LM: its
+  lm-self grids, the LM roles and sink included): their grids;
+- prune hf lm: the tiny Llama (grouped-query): its query-head and key/value-group curves
+  (bits per byte, PPL).
 
 With --check FILE the numbers are compared with FILE's: equal bit for bit where FILE was written on
 a CPU of the same kind (torch's CPU capability: AVX512, AVX2, ...), else within a relative 1e-4
@@ -124,6 +127,13 @@ def measure(work: Path, hf: bool = True, demo: bool = True) -> dict[str, Any]:
              "analysis.max_sentences=20", "trainer.device=cpu", "trainer.threads=1", cwd=work)
         out["analyze_hf_bert"] = _analysis(_only("outputs/hf/*bert/analysis/*/analysis.json",
                                                  work))
+        _run("analyze", f"hf:{tiny['gpt2']}", *DATA, "analysis.split=valid",
+             "analysis.max_sentences=20", "trainer.device=cpu", "trainer.threads=1", cwd=work)
+        out["analyze_hf_gpt2"] = _analysis(_only("outputs/hf/*gpt2/analysis/*/analysis.json",
+                                                 work))
+        _run("prune", f"hf:{tiny['llama']}", *DATA, "prune.eval_sentences=10", "prune.step=0.5",
+             "trainer.device=cpu", "trainer.threads=1", cwd=work)
+        out["prune_hf_llama"] = _curves(_only("outputs/hf/*llama/prune/*/prune.json", work))
     return out
 
 

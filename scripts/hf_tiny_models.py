@@ -8,7 +8,11 @@ on without a network.
 
 Writes <out>/marian (MarianMTModel de→en, with a MarianTokenizer: one SentencePiece model for
 both sides), <out>/bert (BertForMaskedLM) and <out>/distilbert (DistilBertForMaskedLM), the two
-encoders sharing one WordPiece vocabulary; d_model 64, 4 heads, 2 layers (2+2 for Marian). The
+encoders sharing one WordPiece vocabulary, and the causal language models <out>/gpt2,
+<out>/gpt_neox, <out>/llama, <out>/mistral (4 query heads sharing 2 key/value heads) and
+<out>/qwen2 (head_dim 32, not d_model / h), each with a byte-level BPE tokenizer (Llama's and
+Mistral's add their BOS <s> themselves, the others start from <|endoftext|>); d_model 64, 4
+heads, 2 layers (2+2 for Marian). The
 tokenizers are trained on Multi30k's German and English training text where $HEADS_LAB_DATA (or
 --data) holds it, else on heads-lab's embedded synthetic language pair. The weights are random
 (seeded) and the vocabularies' ids the same every build: the models are for testing the
@@ -124,11 +128,82 @@ def encoders(out: Path, lines: list[str]) -> tuple[Path, Path]:
     return paths
 
 
-def build(out: Path, data: Path | None = None) -> dict[str, Path]:
-    """The three tiny models under `out`; returns {family: dir}."""
+# the causal language models: (family, its special tokens (BOS, EOS; None: none), whether its
+# tokenizer adds the BOS itself, query heads, key/value heads, head_dim or None for d / h)
+CAUSAL = (("gpt2", "<|endoftext|>", "<|endoftext|>", False, HEADS, HEADS, None),
+          ("gpt_neox", "<|endoftext|>", "<|endoftext|>", False, HEADS, HEADS, None),
+          ("llama", "<s>", "</s>", True, HEADS, 2, None),
+          ("mistral", "<s>", "</s>", True, HEADS, 2, None),
+          ("qwen2", None, "<|endoftext|>", False, HEADS, 2, 2 * D_MODEL // HEADS))
+
+
+def byte_bpe(lines: list[str], bos: str | None, eos: str, adds_bos: bool):
+    """A byte-level BPE tokenizer (GPT-2's kind) trained on `lines`, with its special tokens
+    first; `adds_bos`: it puts the BOS before every text itself (as Llama's does)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = list(dict.fromkeys(t for t in (bos, eos) if t))
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(lines, trainers.BpeTrainer(
+        vocab_size=1000, special_tokens=specials, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    byte_level = processors.ByteLevel(trim_offsets=True)
+    tok.post_processor = (processors.Sequence([byte_level, processors.TemplateProcessing(
+        single=f"{bos} $A", special_tokens=[(bos, tok.token_to_id(bos))])])
+        if adds_bos else byte_level)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token=eos,
+                                   unk_token=None)
+
+
+def causal(out: Path, lines: list[str], families: tuple[str, ...] | None = None
+           ) -> dict[str, Path]:
+    """Tiny random GPT-2, GPT-NeoX (Pythia's), Llama and Mistral (4 query heads sharing 2
+    key/value heads) and Qwen2 (2 key/value heads, head_dim 32 ≠ d_model / h = 16) causal LMs,
+    each with a byte-level BPE tokenizer (`families`: those only)."""
+    import torch
+    import transformers
+
+    paths = {}
+    for family, bos, eos, adds_bos, heads, kv, width in CAUSAL:
+        if families is not None and family not in families:
+            continue
+        tok = byte_bpe(lines, bos, eos, adds_bos)
+        ids = {"bos_token_id": tok.convert_tokens_to_ids(bos) if bos else None,
+               "eos_token_id": tok.convert_tokens_to_ids(eos), "vocab_size": len(tok)}
+        if family == "gpt2":
+            config = transformers.GPT2Config(n_embd=D_MODEL, n_layer=LAYERS, n_head=heads,
+                                             n_inner=FFN, n_positions=POSITIONS, **ids)
+        elif family == "gpt_neox":
+            config = transformers.GPTNeoXConfig(
+                hidden_size=D_MODEL, num_hidden_layers=LAYERS, num_attention_heads=heads,
+                intermediate_size=FFN, max_position_embeddings=POSITIONS, **ids)
+        else:
+            kind = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config"}
+            config = getattr(transformers, kind[family])(
+                hidden_size=D_MODEL, num_hidden_layers=LAYERS, num_attention_heads=heads,
+                num_key_value_heads=kv, intermediate_size=FFN,
+                max_position_embeddings=POSITIONS, **({"head_dim": width} if width else {}),
+                **ids)
+        model_class = {"gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM",
+                       "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                       "qwen2": "Qwen2ForCausalLM"}[family]
+        torch.manual_seed(SEED)
+        model = getattr(transformers, model_class)(config)
+        paths[family] = out / family
+        model.save_pretrained(paths[family])
+        tok.save_pretrained(paths[family])
+    return paths
+
+
+def build(out: Path, data: Path | None = None, lm: bool = True) -> dict[str, Path]:
+    """The tiny models under `out` (with `lm`, the causal LMs too); returns {family: dir}."""
     lines = texts(data)
     bert, distil = encoders(out, lines)
-    return {"marian": marian(out / "marian", lines), "bert": bert, "distilbert": distil}
+    made = {"marian": marian(out / "marian", lines), "bert": bert, "distilbert": distil}
+    return made | (causal(out, lines) if lm else {})
 
 
 def main(argv: list[str] | None = None) -> int:

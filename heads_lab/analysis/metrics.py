@@ -23,18 +23,23 @@ DIRECTIONS = ("dep→head", "head→dep")
 CLARK_SMOOTH = 0.001  # Clark et al.'s code: p ← 0.999 p + 0.001 / keys
 
 
-def _real(m: np.ndarray, skip_last_query: bool, eos_key: bool) -> np.ndarray:
-    """The map without the EOS query (skip_last_query) and the EOS key (eos_key)."""
+def _real(m: np.ndarray, skip_last_query: bool, eos_key: bool, bos: bool = False) -> np.ndarray:
+    """The map without the EOS query (skip_last_query) and the EOS key (eos_key), or without a
+    language model's BOS query and key (`bos`: its first position; the rest keep their order,
+    so offsets between them are unchanged)."""
+    if bos:
+        return m[..., 1:, 1:]
     return m[..., :m.shape[-2] - int(skip_last_query), :m.shape[-1] - int(eos_key)]
 
 
-def confidence(maps: list[np.ndarray], skip_last_query: bool, eos_key: bool = False
-               ) -> np.ndarray:
+def confidence(maps: list[np.ndarray], skip_last_query: bool, eos_key: bool = False,
+               bos: bool = False) -> np.ndarray:
     """[layers, heads]: Voita's confidence, "the average of its maximum attention weight
-    excluding EOS", over every query (the EOS query left out with skip_last_query)."""
+    excluding EOS", over every query (the EOS query left out with skip_last_query; a language
+    model's BOS, its attention sink, left out as EOS is, with `bos`)."""
     total, count = 0.0, 0
     for m in maps:
-        real = _real(m, skip_last_query, eos_key)
+        real = _real(m, skip_last_query, eos_key, bos)
         if real.shape[-1] == 0:
             continue
         top = real.max(axis=-1)  # [L, H, query]
@@ -43,19 +48,21 @@ def confidence(maps: list[np.ndarray], skip_last_query: bool, eos_key: bool = Fa
     return total / max(count, 1)
 
 
-def positional(maps: list[np.ndarray], skip_last_query: bool, eos_key: bool = False
-               ) -> dict[str, np.ndarray]:
+def positional(maps: list[np.ndarray], skip_last_query: bool, eos_key: bool = False,
+               bos: bool = False) -> dict[str, np.ndarray]:
     """Where each head's argmax falls relative to its query, [layers, heads] arrays:
     `share` at `offset`, the head's most common offset k ≠ 0 (Voita: "a specific relative
     position (in practice either −1 or +1)"); `self` the share at offset 0 (a head that looks at
     its own token is not positional: it is reported apart and never labels a head positional);
     `prev` and `next` the shares at −1 and +1. Each share counts only the queries for which the
     offset is a key of the sentence (EOS excluded with eos_key): the first token has no previous
-    token, so a head that always looks at the previous token scores 1, not (n − 1) / n."""
+    token, so a head that always looks at the previous token scores 1, not (n − 1) / n. With
+    `bos` a language model's BOS query and key are left out (its first text token has no
+    previous token then)."""
     hits: dict[tuple[int, int], Counter] = {}
     spans: Counter = Counter()  # (queries, keys) → sentences, for the per-offset denominators
     for m in maps:
-        real = _real(m, skip_last_query, eos_key)
+        real = _real(m, skip_last_query, eos_key, bos)
         layers, heads, queries, keys = real.shape
         if queries <= 0 or keys <= 0:
             continue
@@ -81,16 +88,23 @@ def positional(maps: list[np.ndarray], skip_last_query: bool, eos_key: bool = Fa
     return out
 
 
-def rare_sentences(sources: list[list[int]], freq: dict[int, int], top_k: int | None
-                   ) -> list[bool]:
+def text_tokens(src: list[int], bos: bool = False) -> list[int]:
+    """A sequence's tokens without its special token: the source's last (EOS), or a language
+    model's first (BOS)."""
+    return src[1:] if bos else src[:-1]
+
+
+def rare_sentences(sources: list[list[int]], freq: dict[int, int], top_k: int | None,
+                   bos: bool = False) -> list[bool]:
     """Which sentences count for rare-word heads: Voita et al. 2019 (§5.3) count "sentences where
     the least frequent token in a sentence is not in the top-500 most frequent tokens"; here the
     `top_k` most frequent (None: every sentence). `freq` counts tokens (subword ids) on the
-    training source side; EOS (each source's last id) is no candidate."""
+    training source side; EOS (each source's last id; a language model's BOS, its first) is no
+    candidate."""
     common = ({t for t, _ in Counter(freq).most_common(top_k)} if top_k else set())
     keep = []
     for src in sources:
-        words = src[:-1]
+        words = text_tokens(src, bos)
         if not words:
             keep.append(False)
             continue
@@ -100,7 +114,8 @@ def rare_sentences(sources: list[list[int]], freq: dict[int, int], top_k: int | 
 
 
 def rare_share(maps: list[np.ndarray], sources: list[list[int]], freq: dict[int, int],
-               skip_last_query: bool, top_k: int | None = None) -> tuple[np.ndarray, int]:
+               skip_last_query: bool, top_k: int | None = None, bos: bool = False,
+               causal: bool = False) -> tuple[np.ndarray, int]:
     """([layers, heads] share of queries whose argmax key — EOS excluded — is a least frequent
     source token of the sentence, the number of sentences counted: rare_sentences).
 
@@ -108,14 +123,20 @@ def rare_share(maps: list[np.ndarray], sources: list[list[int]], freq: dict[int,
     tokens in a sentence", measured as how often it "points to the rarest token" in the
     sentences counted. heads-lab counts each query's maximum (any of the tied least frequent
     tokens counts), and labels a head rare-word above analysis.rare_threshold (0.5); the paper
-    reports the share for its one such head and sets no bar."""
+    reports the share for its one such head and sets no bar.
+
+    A causal head (`causal`: a language model's; its BOS left out with `bos`) cannot see a rarest
+    token that comes after its query: only the queries at or after the sentence's first rarest
+    token count (heads-lab's restriction, so that no head is scored on what it cannot reach)."""
     hits, n, used = 0.0, 0, 0
-    for m, src, keep in zip(maps, sources, rare_sentences(sources, freq, top_k)):
+    for m, src, keep in zip(maps, sources, rare_sentences(sources, freq, top_k, bos)):
         if not keep:
             continue
-        f = np.array([freq.get(t, 0) for t in src[:-1]])
+        f = np.array([freq.get(t, 0) for t in text_tokens(src, bos)])
         rarest = f == f.min()
-        top = _real(m, skip_last_query, eos_key=True).argmax(axis=-1)  # [L, H, q]
+        top = _real(m, skip_last_query, eos_key=not bos, bos=bos).argmax(axis=-1)  # [L, H, q]
+        if causal:
+            top = top[..., int(np.argmax(rarest)):]  # the queries that can reach a rarest token
         hits = hits + rarest[top].sum(axis=-1)
         n += top.shape[-1]
         used += 1
@@ -148,14 +169,20 @@ def word_map(m: np.ndarray, units: list[list[int]]) -> np.ndarray:
 
 def syntactic(maps: list[np.ndarray], units: list[list[list[int]]],
               arcs: list[list[tuple[int, int, str]]],
-              word_offsets: dict[str, Counter]) -> dict[str, dict[str, Any]]:
+              word_offsets: dict[str, Counter], causal: bool = False) -> dict[str, dict[str, Any]]:
     """Per relation and direction ("nsubj dep→head"), at the word level: accuracy [layers, heads]
     (the share of arcs whose querying word's argmax word (word_map) is the other word of the
     arc: Voita et al.'s accuracy, "the fraction of times the word the head assigns the most
     weight to is the related word"), the baseline (the share of those arcs at the relation's
     most frequent word offset: always pointing there) and the arc count. `arcs` are (head word,
     dependent word, relation) over the sentence's words, `units` their subword positions.
-    Relations without arcs are left out."""
+    Relations without arcs are left out.
+
+    A causal head (`causal`: a language model's self-attention) sees only earlier words, so only
+    the arcs whose other word comes before the querying word count, in the accuracy, the arc
+    count and the baseline alike (its offsets < 0): dep→head counts the dependents after their
+    heads, head→dep the heads after their dependents (heads-lab's restriction for causal
+    attention; Voita et al. and Clark et al. analyse encoders, which see every word)."""
     hits: dict[str, np.ndarray] = {}
     counts: Counter = Counter()
     for m, sent_units, sent_arcs in zip(maps, units, arcs):
@@ -165,6 +192,8 @@ def syntactic(maps: list[np.ndarray], units: list[list[list[int]]],
         for head_word, dep_word, rel in sent_arcs:
             for direction, (query, target) in zip(DIRECTIONS, ((dep_word, head_word),
                                                                (head_word, dep_word))):
+                if causal and target > query:
+                    continue  # a later word: out of a causal head's reach
                 key = f"{rel} {direction}"
                 hit = top[:, :, query] == target
                 hits[key] = hits[key] + hit if key in hits else hit.astype(np.int64)
@@ -176,6 +205,8 @@ def syntactic(maps: list[np.ndarray], units: list[list[list[int]]],
             if not counts[key]:
                 continue
             offsets = word_offsets.get(key, Counter())
+            if causal:
+                offsets = Counter({k: v for k, v in offsets.items() if k < 0})
             baseline = offsets.most_common(1)[0][1] / sum(offsets.values()) if offsets else 0.0
             out[key] = {"accuracy": hits[key] / counts[key], "baseline": baseline,
                         "arcs": counts[key]}

@@ -83,10 +83,11 @@ def _heatmaps(result: dict, sentences, chosen_sentences, chosen, tok, out: Path)
 
 def token_labels(sent, tok) -> tuple[list[str], list[str]]:
     """A sentence's source and target tokens as the figures and head view label them. A
-    pretrained model's (its tokenizer has `seq2seq`) are its own pieces, special ones included
-    as it has them ([CLS] ... [SEP]; Marian's </s> and decoder start); an encoder has no
-    target. heads-lab's own: the pieces, the source's end </s> and the target's start <s>."""
-    if hasattr(tok, "seq2seq"):
+    pretrained model's (its tokenizer is `pretrained`) are its own pieces, special ones included
+    as it has them ([CLS] ... [SEP]; Marian's </s> and decoder start; a language model's BOS);
+    an encoder or a language model has no target. heads-lab's own: the pieces, the source's end
+    </s> and the target's start <s>."""
+    if getattr(tok, "pretrained", False):
         return tok.pieces(sent.src), tok.pieces(sent.tgt_in) if len(sent.tgt_in) else []
     return tok.pieces(sent.src[:-1]) + ["</s>"], ["<s>"] + tok.pieces(sent.tgt_in[1:])
 
@@ -202,6 +203,7 @@ def tables(result: dict) -> list[tuple[str, Table] | str]:
         out.append("importance: not measured (–): it is the loss's gradient, so it needs target "
                    "sentences, and this treebank was read without its translations; add "
                    "analysis.treebank_ref=<the comment key holding them, e.g. text_en>")
+    out += role_tables(result)
     out += position_tables(result)
     out.append(distance_table(result))
     roles = ("positional", "syntactic", "rare", "other")
@@ -210,6 +212,45 @@ def tables(result: dict) -> list[tuple[str, Table] | str]:
         "rows": [[site, *(str(counts.get(k, 0)) for k in roles)]
                  for site, counts in result["counts"].items()]}))
     return out + syntax_tables(result)
+
+
+ROLES = ("previous_token", "duplicate_token", "induction", "sink")
+
+
+def role_tables(result: dict) -> list[tuple[str, Table] | str]:
+    """Per language-model site, each head's previous-token, duplicate-token and induction scores
+    on repeated random tokens and its attention-sink α₀ on the analysed text (analysis/roles.py),
+    a mark where a score passes its bar; and the sink's largest α past the first token."""
+    grid, out = result["grids"], []
+    for site in result["functions"]:
+        if any(grid.get(r, {}).get(site) is None or grid[r][site][0][0] is None for r in ROLES):
+            continue
+        layers = grid["previous_token"][site]
+        sinks = {(h["layer"], h["head"]): h["sink_max"] for h in result["heads"]
+                 if h["site"] == site and "sink_max" in h}
+        rows = [[str(layer), *(" ".join(_num(grid[r][site][layer][h]) + _mark(r, grid[r][site][
+                    layer][h]) for r in ROLES) for h in range(len(row)))]
+                for layer, row in enumerate(layers)]
+        out.append((f"{site} roles: previous-token · duplicate-token · induction (on "
+                    f"{result.get('roles', {}).get('sequences', '?')} repeated random sequences; * > "
+                    f"{ROLE_MARK:.1f}) · sink α₀ (* > {SINK_MARK:.1f}, Gu et al.)",
+                    {"header": ["layer", *_head_columns(len(layers[0]))], "rows": rows}))
+        top = max(sinks.items(), key=lambda kv: -1 if kv[1]["alpha"] is None else kv[1]["alpha"],
+                  default=None)
+        if top:
+            (layer, head), best = top
+            out.append(f"{site}: the largest sink past the first token: L{layer} H{head}, "
+                       f"α = {_num(best['alpha'])} at position {best['position']} (most often "
+                       f"{best['token']!r})")
+    return out
+
+
+ROLE_MARK, SINK_MARK = 0.5, 0.3
+
+
+def _mark(role: str, value) -> str:
+    bar = SINK_MARK if role == "sink" else ROLE_MARK
+    return "*" if value is not None and value > bar else ""
 
 
 def position_tables(result: dict) -> list[tuple[str, Table]]:
@@ -258,11 +299,14 @@ def syntax_tables(result: dict) -> list[tuple[str, Table] | str]:
         return ["syntactic heads: not measured, this split has no dependency arcs (real data: "
                 "analysis.treebank=<a CoNLL-U treebank of the source language>, or "
                 "analysis.conllu=<a CoNLL-U parse of the split's source sentences>)"]
-    kind = result["map_kind"].get("enc-self", "head")
+    site = syntax.get("site") or "enc-self"
+    kind = result["map_kind"].get(site, "head")
     heads = "head" if kind == "head" else f"{kind} head"
     margin = result["thresholds"]["syntactic_margin"]
-    title = (f"syntactic heads (enc-self, {syntax['source']}, word level): best {heads} per "
-             f"relation vs the most-frequent-word-offset baseline (* ≥ {margin:.2f} "
+    earlier = (", arcs to earlier words only (causal)"
+               if syntax.get("arcs_counted", "all") != "all" else "")
+    title = (f"syntactic heads ({site}, {syntax['source']}, word level{earlier}): best {heads} "
+             f"per relation vs the most-frequent-word-offset baseline (* ≥ {margin:.2f} "
              f"above it with ≥ {result['thresholds']['min_arcs']} arcs)")
     rows = []
     for rel, info in syntax["relations"].items():

@@ -26,7 +26,7 @@ from heads_lab.analysis.metrics import (
     head_distances,
 )
 from heads_lab.analysis.syntax import Matching, Tree, attach_arcs, read_conllu, treebank_split
-from heads_lab.config.sites import SITES
+from heads_lab.config.sites import ALL_SITES, SITE
 from heads_lab.data import Split
 from heads_lab.model.heads import head_kinds, map_kind, out_kind
 
@@ -76,13 +76,16 @@ def load_source(corpus, cfg, form: str, max_len: int) -> Source:
 
 
 def measure(sentences: list[Sentence], source: Source, modules: dict, gradient: dict[str, Scores],
-            freq: Counter, tokenizer, cfg) -> dict[str, Any]:
+            freq: Counter, tokenizer, cfg, probe: dict[str, tuple] | None = None
+            ) -> dict[str, Any]:
     """The analysis record of sentences whose maps are made: every map measure, the gradient
     measures already run (`gradient`: name → scores; a measure not run is NaN), roles, distances
     and the head map. `modules` gives each (site, layer)'s kinds of heads (heads_lab.model.heads:
     kinds(), variant, out_heads), `freq` the source-token frequencies for rare words, `tokenizer`
     the subword spans that match trees' words (encode_spans, pieces). Any model whose heads can
-    be described so is measured alike: heads-lab's own, or a pretrained one (heads_lab.hf)."""
+    be described so is measured alike: heads-lab's own, or a pretrained one (heads_lab.hf).
+    `probe`: per language-model site, the maps of repeated random tokens and the sequences
+    (analysis/roles.py)."""
     matching = (attach_arcs(sentences, source.texts, source.trees, tokenizer, source.indices)
                 if source.trees else None)
     n = len(source.indices)
@@ -93,27 +96,34 @@ def measure(sentences: list[Sentence], source: Source, modules: dict, gradient: 
     rare_counted: dict[str, int | None] = {}
     lrp_vs_importance: dict[str, float] = {}
     coords, spread = {}, {}
-    syntax_tables = {}
-    for site in SITES:
+    syntax_tables, syntax_site = {}, None
+    not_applicable: dict[str, dict[str, str]] = {}
+    sinks = {}
+    for site in ALL_SITES:
         maps = [s.maps[site] for s in sentences if site in s.maps]
         if not maps:
             continue
         first = modules[(site, 0)]
         kind, kinds[site] = map_kind(first), head_kinds(first)
-        s = SiteMaps(site, maps, sentences, freq, word_offsets, cfg)
+        s = SiteMaps(site, maps, sentences, freq, word_offsets, cfg, (probe or {}).get(site))
         layers, n_heads = maps[0].shape[:2]
         m = {x.name: x.compute(s) for x in MAP_MEASURES}
         m |= {g.name: _at_kind(g, gradient, site, kind, first, layers, n_heads)
               for g in GRADIENT_MEASURES}
+        for x in MAP_MEASURES:
+            if m[x.name] is None:
+                not_applicable.setdefault(x.name, {})[site] = x.why_not(s)
         rare_counted[site] = s.rare[1]
-        if s.enc:
-            syntax_tables = s.syntactic
+        if s.over_text:
+            syntax_tables, syntax_site = s.syntactic, site
+        if s.sink is not None:
+            sinks[site] = s.sink
         if "lrp" in gradient and "importance" in gradient:  # Voita's LRP vs Michel's importance
             out = out_kind(first)  # LRP is taken where the heads enter the output projection
             lrp, imp = (np.stack([gradient[name][(site, layer, out)] for layer in range(layers)])
                         for name in ("lrp", "importance"))
             lrp_vs_importance[site] = _spearman(lrp.ravel(), imp.ravel())
-        functions[site], entries = _site_heads(site, kind, m, s, cfg)
+        functions[site], entries = _site_heads(site, kind, m, s, cfg, sinks.get(site), tokenizer)
         heads += entries
         empty = [[None] * n_heads for _ in range(layers)]
         for measure in MEASURES:
@@ -132,7 +142,8 @@ def measure(sentences: list[Sentence], source: Source, modules: dict, gradient: 
         "source": source.name, "split": None if source.syntax == "treebank" else source.name,
         "sentences": len(sentences), "head_kinds": kinds,
         "map_kind": {site: map_kind(modules[(site, 0)]) for site in kinds},
-        "syntax": _syntax_summary(source, matching, syntax_tables, mapped, cfg),
+        "syntax": _syntax_summary(source, matching, syntax_tables, mapped, cfg, syntax_site),
+        "not_applicable": not_applicable,
         "thresholds": {"positional": cfg.positional_threshold, "rare": cfg.rare_threshold,
                        "rare_top_k": cfg.rare_top_k, "syntactic_margin": cfg.syntactic_margin,
                        "min_arcs": cfg.min_arcs},
@@ -188,7 +199,8 @@ def reaches(gain: float, margin: float) -> bool:
     return bool(gain >= margin - 1e-9)
 
 
-def _site_heads(site: str, kind: str, m: dict[str, Any], s: SiteMaps, cfg
+def _site_heads(site: str, kind: str, m: dict[str, Any], s: SiteMaps, cfg,
+                sink: dict[str, np.ndarray] | None = None, tokenizer=None
                 ) -> tuple[list[list[str]], list]:
     """Each head's role (syntactic, positional, rare or other, in that precedence) and its
     analysis.json entry. Positional needs an offset ≠ 0: attending to oneself is not a role."""
@@ -209,7 +221,9 @@ def _site_heads(site: str, kind: str, m: dict[str, Any], s: SiteMaps, cfg
             entries.append({
                 "site": site, "layer": layer, "kind": kind, "head": head,
                 "function": labels[layer][head],
-                **{x.name: float(m[x.name][layer, head]) for x in MAP_MEASURES if x.entry},
+                **{x.name: float(m[x.name][layer, head]) for x in MAP_MEASURES
+                   if x.entry and m[x.name] is not None},
+                **({"sink_max": _sink_max(sink, layer, head, tokenizer)} if sink else {}),
                 **{g.name: _number(m[g.name][layer, head]) for g in GRADIENT_MEASURES
                    if m[g.name] is not None},
                 "positional": (None if share is None else
@@ -229,17 +243,28 @@ def _site_heads(site: str, kind: str, m: dict[str, Any], s: SiteMaps, cfg
     return labels, entries
 
 
+def _sink_max(sink: dict[str, np.ndarray], layer: int, head: int, tokenizer) -> dict[str, Any]:
+    """A head's largest attention-sink score past the first position (analysis/roles.py): α_k,
+    its position k and the token most often there."""
+    token = int(sink["tokens"][layer, head])
+    piece = tokenizer.pieces([token])[0] if tokenizer is not None and token >= 0 else None
+    return {"alpha": _number(sink["max_alpha"][layer, head]),
+            "position": int(sink["max_position"][layer, head]), "token": piece}
+
+
 def _syntax_summary(source: Source, matching: Matching | None, tables: dict, heads: list[dict],
-                    cfg) -> dict[str, Any]:
+                    cfg, site: str | None = "enc-self") -> dict[str, Any]:
     """Where the trees came from, which sentences matched, and per relation and direction: arcs,
-    baseline, the best encoder head and how many heads beat the baseline by the margin."""
+    baseline, the best head of `site` (the self-attention over the analysed text: an encoder's
+    enc-self, a language model's lm-self) and how many heads beat the baseline by the margin;
+    a causal site counts only the arcs to earlier words (heads_lab.analysis.metrics.syntactic)."""
     analysed = len(source.indices)
     unmatched = source.left_out + (matching.unmatched if matching else [])
     if source.trees is None:
         return {"source": None, "sentences": analysed, "matched": 0, "skipped_sentences": analysed,
                 "unmatched": [], "relations": {}}
     relations = {}
-    enc = [h for h in heads if h["site"] == "enc-self"]
+    enc = [h for h in heads if h["site"] == site]
     for key, v in tables.items():
         best = max(enc, key=lambda h: h["syntactic"][key]["accuracy"])
         relations[key] = {
@@ -249,7 +274,10 @@ def _syntax_summary(source: Source, matching: Matching | None, tables: dict, hea
             "heads_above_margin": (sum(reaches(h["syntactic"][key]["gain"], cfg.syntactic_margin)
                                        for h in enc) if v["arcs"] >= cfg.min_arcs else 0)}
     total = analysed + len(source.left_out)
-    return {"source": source.syntax, "file": source.file, "sentences": total,
+    causal = site is not None and SITE[site].causal
+    return {"source": source.syntax, "file": source.file, "site": site,
+            "arcs_counted": ("to earlier words only: a causal head cannot see later ones"
+                             if causal else "all"), "sentences": total,
             "matched": total - len(unmatched), "matched_share": (total - len(unmatched)) / total,
             "skipped_sentences": len(unmatched), "unmatched": unmatched,
             "arcs_within_a_token": matching.shared_arcs if matching else 0,

@@ -3,11 +3,14 @@
 `analyze` and `prune` are written once against it, here and in analysis/pruning.py.
 
 A Subject says what its heads are (`modules`: each (site, layer)'s kinds of heads; `heads`: how
-many per attention type; `map_heads`: those its attention maps show), reads the sentences to
-analyse (`source`), makes their maps (`maps`), runs the gradient measures its loss allows
-(`gradients`: importance, LRP), counts the source tokens that make a word rare (`frequencies`),
-aligns words with its tokenizer's pieces (`tokenizer`), and for pruning measures importance
-under a head mask and evaluates its task with heads masked or removed (`importance`, `point`).
+many per attention type; `map_heads`: those its attention maps show; `groups`: its key/value
+groups where several query heads share one), reads the sentences to analyse (`source`), makes
+their maps (`maps`, and `sequence_maps` of given token ids: a language model's role probe),
+runs the gradient measures its loss allows (`gradients`: importance, LRP), counts the source
+tokens that make a word rare (`frequencies`), aligns words with its tokenizer's pieces
+(`tokenizer`), and for pruning measures importance under a head mask and evaluates its task with
+heads masked or removed (`importance`, `point`); `importance(..., groups=True)` scores whole
+key/value groups, each through one gate over all its query heads.
 
 A new family of models is one new file: a class with these members (a Protocol: nothing to
 inherit), and one line in heads_lab/commands/command.py's `open_subject` that recognises its
@@ -16,6 +19,7 @@ name.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +32,8 @@ from heads_lab.analysis.maps import Sentence
 from heads_lab.analysis.measures import Scores
 from heads_lab.analysis.publish import check_sentences
 from heads_lab.analysis.record import Source, measure
+from heads_lab.analysis.roles import repeated_tokens
+from heads_lab.config.sites import SITE
 from heads_lab.errors import ConfigError
 
 HeadSet = dict[tuple[str, int], list[int]]  # (site, layer) → heads masked or removed
@@ -43,6 +49,9 @@ class Subject(Protocol):
     tokenizer: Any  # ids ↔ pieces, word spans (analysis/syntax.py), decode
     modules: dict[tuple[str, int], Any]  # each (site, layer): kinds(), variant, out_heads
     map_heads: dict[tuple[str, int], int]  # the heads its maps show, per (site, layer)
+    # key/value groups per (site, layer) where several query heads share one key/value head
+    # (grouped-query attention: query head i in group i // (heads / groups)); {} where none do
+    groups: dict[tuple[str, int], int]
     identity: dict[str, Any]  # what analysis.json and prune.json say was measured
     # pruning: what happens to a pruned head ("pruned": removed where it can be, "masked"), the
     # table's columns after the curve's name, its title and the note under it, the figure's
@@ -63,6 +72,10 @@ class Subject(Protocol):
     def maps(self, source: Source) -> list[Sentence]:
         """Each sentence's attention maps per site."""
 
+    def sequence_maps(self, ids: list[list[int]]) -> list[Sentence]:
+        """The attention maps of token sequences given as ids, at the site where the model
+        reads a sequence alone (a language model's lm-self: the ids as they are)."""
+
     def gradients(self, source: Source, cfg) -> dict[str, Scores]:
         """The gradient measures it runs on `source` (name → scores per (site, layer, kind))."""
 
@@ -78,8 +91,11 @@ class Subject(Protocol):
     def heads(self) -> dict[str, int]:
         """Heads per attention type (site) it has."""
 
-    def importance(self, masked: HeadSet, scope: list[str]) -> dict[tuple[str, int], np.ndarray]:
-        """Head importance (Michel et al. 2019) of the scope's heads with `masked` heads off."""
+    def importance(self, masked: HeadSet, scope: list[str], groups: bool = False
+                   ) -> dict[tuple[str, int], np.ndarray]:
+        """Head importance (Michel et al. 2019) of the scope's heads with `masked` heads off;
+        with `groups`, of its key/value groups (one gate ξ_g over all query heads of group g:
+        |∂L/∂ξ_g|), [groups] per (site, layer)."""
 
     def point(self, masked: HeadSet, fraction: float) -> dict[str, Any]:
         """A curve's row: its task metric with `masked` heads gone, at `fraction` of the scope."""
@@ -98,12 +114,70 @@ def analyze(subject: Subject, cfg) -> tuple[dict[str, Any], list[Sentence]]:
     analysis record and the sentences with their maps."""
     source = subject.source(cfg)
     check_sentences(cfg.sentences, len(source.indices))
+    check_memory(source, subject.map_heads)
     sentences = subject.maps(source)
     gradient = subject.gradients(source, cfg)
+    probe, roles = role_probe(subject, cfg)
     result = measure(sentences, source, subject.modules, gradient, subject.frequencies(source),
-                     subject.tokenizer, cfg)
+                     subject.tokenizer, cfg, probe)
+    if roles:
+        result["roles"] = roles
     result.update(subject.notes(gradient))
     return result, sentences
+
+
+def language_model_sites(heads: dict[tuple[str, int], int]) -> list[str]:
+    """The sites of `heads` that are a causal self-attention over the text a model reads alone
+    (lm-self): where the LM head roles are measured."""
+    return list(dict.fromkeys(site for site, _ in heads if SITE[site].causal
+                              and SITE[site].self_attention and SITE[site].text_keys))
+
+
+def role_probe(subject: Subject, cfg) -> tuple[dict[str, tuple] | None, dict[str, Any] | None]:
+    """A language model's role probe (analysis/roles.py): analysis.role_sequences sequences of
+    analysis.role_length random ordinary tokens, each repeated once after the BOS, and the
+    maps the subject makes of them; (per site (maps, sequences), what analysis.json records of
+    the probe), or (None, None) for a model without a language model's site."""
+    sites = language_model_sites(subject.map_heads)
+    if not sites:
+        return None, None
+    tok = subject.tokenizer
+    try:
+        sequences = repeated_tokens(tok.ordinary_ids(), tok.bos_id, cfg.role_sequences,
+                                    cfg.role_length)
+    except ValueError as err:
+        raise ConfigError(f"analysis.role_length={cfg.role_length}: {err}; give a shorter "
+                          "analysis.role_length") from None
+    made = subject.sequence_maps(sequences)
+    probe = {site: ([s.maps[site] for s in made], sequences) for site in sites}
+    return probe, {"sequences": len(sequences), "length": cfg.role_length,
+                   "tokens": "distinct random ordinary tokens, each sequence repeated once after "
+                             "the BOS; induction over the second copy's queries"}
+
+
+def check_memory(source: Source, heads: dict[tuple[str, int], int],
+                 share: float = 0.5) -> None:
+    """Refuses, in one line, an analysis whose maps would not fit in memory: every sentence's
+    maps are kept (layers · heads · query · key float32 per site) while the measures run. The
+    estimate is against `share` of the memory available now."""
+    try:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not on this system: no guard
+        return
+    sides = {"src": [len(s) for s in source.split.src],
+             "tgt": [len(t) for t in source.split.tgt]}
+    per_site: dict[str, int] = {}
+    for (site, _), n in heads.items():
+        per_site[site] = per_site.get(site, 0) + n
+    floats = sum(n * sum(q * k for q, k in zip(sides[SITE[site].query], sides[SITE[site].key]))
+                 for site, n in per_site.items())
+    need = 4 * floats
+    if need > share * free:
+        longest = max(sides["src"], default=0)
+        raise ConfigError(f"the attention maps of {len(sides['src']):,} sentences (up to "
+                          f"{longest:,} tokens) would take {need / 2**30:.1f} GiB, over half the "
+                          f"{free / 2**30:.1f} GiB free: analyse fewer or shorter texts "
+                          "(analysis.max_sentences=..., analysis.max_tokens=...)")
 
 
 def sites_present(sites: list[str], total: dict[str, int]) -> list[str]:
@@ -121,8 +195,10 @@ def importance_curves(subject: Subject, sites: list[str], step: float, verb: str
     """Michel et al. 2019's iterative pruning: compute head importance under the current mask,
     take away the `step` share of the scope's heads that matter least, evaluate, repeat until
     none is left. One curve per attention type of `sites` the subject has, and one over them
-    together; each row is `subject.point` (the first, nothing pruned, is shared). `verb`: what
-    happens to a head ("pruned", "masked")."""
+    together; where a type has grouped-query attention, also one over its key/value groups
+    (`<site> kv groups`: a pruned group is its key/value head and all its query heads, as
+    LLM-Pruner removes groups); each row is `subject.point` (the first, nothing pruned, is
+    shared). `verb`: what happens to a head ("pruned", "masked")."""
     total = subject.heads()
     have = sites_present(sites, total)
     scopes = [[s] for s in have] + ([have] if len(have) > 1 else [])
@@ -143,4 +219,43 @@ def importance_curves(subject: Subject, sites: list[str], step: float, verb: str
             rows.append(row)
             say(f"importance pruning {name}: {n}/{in_scope} heads {verb} → {subject.summary(row)}")
         curves[name] = rows
+    for site in have:
+        groups = {key: g for key, g in subject.groups.items() if key[0] == site}
+        if groups:
+            curves[f"{site} kv groups"] = _group_curve(subject, site, groups, step, start, verb,
+                                                       say)
     return curves
+
+
+def group_heads(groups: HeadSet, heads: dict[tuple[str, int], int],
+                per_layer: dict[tuple[str, int], int]) -> HeadSet:
+    """The query heads of key/value `groups` ((site, layer) → groups): query head i is in group
+    i // (heads / groups), so group g holds heads g·r … g·r + r − 1, r = heads / groups."""
+    out: HeadSet = {}
+    for key, chosen in groups.items():
+        r = heads[key] // per_layer[key]
+        out[key] = sorted(h for g in chosen for h in range(g * r, (g + 1) * r))
+    return out
+
+
+def _group_curve(subject: Subject, site: str, groups: dict[tuple[str, int], int], step: float,
+                 start: dict[str, Any], verb: str, say: Callable[[str], None]) -> list[dict]:
+    """Michel et al.'s loop over the key/value groups of `site`: score every group left (one
+    gate over all its query heads), take away the `step` share that matters least (each its
+    key/value head and its query heads), evaluate, repeat."""
+    in_scope = sum(groups.values())
+    per_step = max(1, round(step * in_scope))
+    gone: HeadSet = {}
+    rows = [{**start, "kv_groups_pruned": 0}]
+    while sum(len(v) for v in gone.values()) < in_scope:
+        masked = group_heads(gone, subject.map_heads, groups)
+        scores = subject.importance(masked, [site], groups=True)
+        for s, layer, g in least_important(scores, gone, per_step):
+            gone.setdefault((s, layer), []).append(g)
+        n = sum(len(v) for v in gone.values())
+        row = {**subject.point(group_heads(gone, subject.map_heads, groups), n / in_scope),
+               "kv_groups_pruned": n}
+        rows.append(row)
+        say(f"importance pruning {site} kv groups: {n}/{in_scope} key/value groups {verb} "
+            f"(with their query heads) → {subject.summary(row)}")
+    return rows

@@ -188,10 +188,15 @@ def words_to_subwords(word_span: list[tuple[int, int]],
 
 
 def subword_spans(tokenizer, text: str, ids: list[int]) -> list[tuple[int, int]]:
-    """Each subword's character span in `text`, `ids` being its encoding (from SentencePiece's
-    offsets; from the pieces alone when `ids` is not what the tokenizer makes of `text`)."""
+    """Each subword's character span in `text`, `ids` being its encoding as the model reads it
+    (from the tokenizer's offsets, `encode_spans`: the ids up to the special tokens after the
+    text, if any (a source's EOS), so a prefix of `ids`, or `ids` cut short; from the pieces
+    alone when `ids` is not what the tokenizer makes of `text`)."""
     got, spans = tokenizer.encode_spans(text)
-    return spans if got == list(ids) else piece_spans(tokenizer.pieces(ids))
+    n = min(len(got), len(ids))
+    if n and list(got[:n]) == list(ids[:n]):
+        return list(spans[:n])
+    return piece_spans(tokenizer.pieces(ids[:len(ids) - getattr(tokenizer, "text_end", 1)]))
 
 
 @dataclass
@@ -227,7 +232,7 @@ def attach_arcs(sentences: list[Sentence], texts: list[str], trees: list[Tree | 
             found.unmatched.append({"index": number, "sent_id": tree.sent_id,
                                     "reason": f"token {missing!r} not found in the text"})
             continue
-        per_token = words_to_subwords(spans, subword_spans(tokenizer, text, sent.src[:-1]))
+        per_token = words_to_subwords(spans, subword_spans(tokenizer, text, sent.src))
         sent.units = per_token
         for dep, (head, label) in enumerate(zip(tree.heads, tree.rels)):
             rel = relation(label)

@@ -254,6 +254,13 @@ class AnalysisConfig:
         "heads to draw, e.g. [enc:0:3, dec-enc:2:*]"})
     sentences: list[int] = field(default_factory=lambda: [0], metadata={"help":
         "sentences for heatmaps/head view"})
+    max_tokens: int | None = opt(None,
+        "hf: models: cut each analysed text to its first N tokens (special tokens included); "
+        "null: a text longer than the model's positions is refused")
+    role_sequences: int = opt(10, "a language model's head roles (previous-token, duplicate-"
+                              "token, induction): how many random token sequences, each repeated")
+    role_length: int = opt(50, "a language model's head roles: tokens in each random sequence "
+                           "(read twice after the BOS)")
 
 
 @dataclass

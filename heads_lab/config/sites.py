@@ -1,9 +1,13 @@
-"""The attention sites of an encoder-decoder and the head specs users type (`enc:0:3,dec-enc:2:*`).
-Torch-free: the config validates head specs without building a model.
+"""The attention sites and the head specs users type (`enc:0:3,dec-enc:2:*`). Torch-free: the
+config validates head specs without building a model.
 
-A site is where attention happens: enc-self (source → source), dec-self (target → target) and
-dec-enc (target → source), Voita et al.'s e, d and d-e. Heads are addressed (site, layer, head),
-layers and heads counted from 0.
+A site is where attention happens: an encoder-decoder's enc-self (source → source), dec-self
+(target → target) and dec-enc (target → source), Voita et al.'s e, d and d-e; a decoder-only
+language model's lm-self (text → earlier text: causal self-attention over the text it reads,
+which starts with a BOS token). Heads are addressed (site, layer, head), layers and heads counted
+from 0. A site's properties (which side its queries and keys read, whether it is causal, where
+its special token sits) decide which measures of the maps apply to it
+(heads_lab/analysis/measures.py).
 """
 
 from __future__ import annotations
@@ -22,21 +26,38 @@ class Site:
     query: str  # the side its queries come from: src or tgt
     key: str  # the side its keys come from
     stack: str  # the layers it lives in: encoder or decoder
+    causal: bool = False  # a query sees only keys at or before its own position
+    # where its sequences' special token is, left out of the argmax measures as "not a real
+    # token" (Voita et al.'s EOS): "eos" the source's last token (its keys, and an encoder's
+    # query), "bos" a language model's first token (its query and key), None: none left out
+    special: str | None = None
 
     @property
     def label(self) -> str:
         words = {"src": "source", "tgt": "target"}
+        if self.causal and self.self_attention and self.query == "src":
+            return f"{self.name}: text → earlier text (causal)"
         return f"{self.name}: {words[self.query]} → {words[self.key]}"
 
     @property
     def self_attention(self) -> bool:
         return self.query == self.key
 
+    @property
+    def text_keys(self) -> bool:
+        """Its keys are the analysed text's tokens (the source side): rare words and syntax can
+        be read off them."""
+        return self.key == "src"
 
-SITE = {s.name: s for s in (Site("enc-self", "enc", "e", "src", "src", "encoder"),
-                            Site("dec-self", "dec", "d", "tgt", "tgt", "decoder"),
-                            Site("dec-enc", "dec-enc", "d-e", "tgt", "src", "decoder"))}
-SITES = tuple(SITE)  # the fixed order of every table and figure
+
+SITE = {s.name: s for s in (Site("enc-self", "enc", "e", "src", "src", "encoder", special="eos"),
+                            Site("dec-self", "dec", "d", "tgt", "tgt", "decoder", causal=True),
+                            Site("dec-enc", "dec-enc", "d-e", "tgt", "src", "decoder",
+                                 special="eos"),
+                            Site("lm-self", "lm", "l", "src", "src", "decoder", causal=True,
+                                 special="bos"))}
+SITES = ("enc-self", "dec-self", "dec-enc")  # an encoder-decoder's, the fixed order of its tables
+ALL_SITES = tuple(SITE)  # every site, the fixed order of analysis records and figures
 ALIASES = {alias: s.name for s in SITE.values() for alias in (s.name, s.spec, s.short)} | {
     "cross": "dec-enc"}
 HeadSet = dict[tuple[str, int], list[int]]  # (site, layer) → head indices
@@ -48,8 +69,8 @@ def present(data) -> list[str]:
     names refused (ValueError)."""
     unknown = [s for s in data if s not in SITE]
     if unknown:
-        raise ValueError(f"unknown attention sites {unknown}: choose from {list(SITES)}")
-    return [s for s in SITES if s in data and len(data[s]) > 0]
+        raise ValueError(f"unknown attention sites {unknown}: choose from {list(ALL_SITES)}")
+    return [s for s in ALL_SITES if s in data and len(data[s]) > 0]
 
 
 def layers(model_cfg, site: str) -> int:
@@ -60,15 +81,15 @@ def layers(model_cfg, site: str) -> int:
 
 def parse_head_mask(spec: str, counts: dict[tuple[str, int], int]) -> HeadSet:
     """`enc:0:3,dec-enc:2:*` → {("enc-self", 0): [3], ("dec-enc", 2): [0, …, h-1]}. Sites:
-    enc (enc-self), dec (dec-self), dec-enc (cross); layer and head are 0-based ints or *;
-    items separated by commas (quote them on a Hydra command line) or +. `counts`: heads per
+    enc (enc-self), dec (dec-self), dec-enc (cross), lm (lm-self); layer and head are 0-based
+    ints or *; items separated by commas (quote them on a Hydra command line) or +. `counts`: heads per
     (site, layer). A bad item is a ConfigError naming it and the choices."""
     out: HeadSet = {}
     for item in filter(None, (s.strip() for s in re.split(r"[,+\s]", spec))):
         parts = item.split(":")
         if len(parts) != 3 or parts[0] not in ALIASES:
             raise ConfigError(f"bad head spec {item!r} in {spec!r}: write site:layer:head, site "
-                              "one of enc, dec, dec-enc, layer and head a number or *, "
+                              "one of enc, dec, dec-enc, lm, layer and head a number or *, "
                               "e.g. enc:0:3,dec-enc:2:*")
         site = ALIASES[parts[0]]
         site_layers = sorted(layer for s, layer in counts if s == site)

@@ -15,7 +15,7 @@ from heads_lab.config.schemas import (
     TatoebaDataConfig,
     TextFilesDataConfig,
 )
-from heads_lab.config.sites import parse_head_mask
+from heads_lab.config.sites import ALL_SITES, parse_head_mask
 from heads_lab.config.variants import VARIANTS, out_heads
 from heads_lab.errors import ConfigError
 
@@ -130,9 +130,9 @@ def _check_analysis_prune(a, pr) -> None:
         value = getattr(a, key)
         _check(0.0 <= value <= 1.0, f"analysis.{key}={value} must be in [0, 1]")
     _check(0.0 < pr.step <= 0.5, f"prune.step={pr.step} must be in (0, 0.5] (a fraction of heads)")
-    unknown = [site for site in pr.sites if site not in ATTENTION_SITES]
+    unknown = [site for site in pr.sites if site not in ALL_SITES]
     _check(pr.sites and not unknown,
-           f"prune.sites={list(pr.sites)}: choose some of {list(ATTENTION_SITES)}")
+           f"prune.sites={list(pr.sites)}: choose some of {list(ALL_SITES)}")
     _check(pr.l0_lambda >= 0, f"prune.l0_lambda={pr.l0_lambda} must be >= 0")
     _check(pr.temperature > 0, f"prune.temperature={pr.temperature} must be > 0")
     _check(len(pr.stretch) == 2 and pr.stretch[0] < 0 < 1 < pr.stretch[1],
@@ -142,6 +142,10 @@ def _check_analysis_prune(a, pr) -> None:
            "σ(log α) at the start, 0.9 or Voita et al.'s 0.5 (log α = 0)")
     _check(all(i >= 0 for i in a.sentences),
            f"analysis.sentences={list(a.sentences)} must be sentence numbers >= 0 (0 = the first)")
+    _check(a.max_tokens is None or a.max_tokens >= 2,
+           f"analysis.max_tokens={a.max_tokens} must be >= 2 (or null: texts as they are)")
+    _check(a.role_sequences >= 1, f"analysis.role_sequences={a.role_sequences} must be >= 1")
+    _check(a.role_length >= 2, f"analysis.role_length={a.role_length} must be >= 2 tokens")
     _check(pr.eval_sentences is None or pr.eval_sentences >= 1,
            f"prune.eval_sentences={pr.eval_sentences} must be >= 1 (or null for all)")
 

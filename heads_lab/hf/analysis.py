@@ -8,8 +8,12 @@
   offsets where it has them (BERT, DistilBERT), else its SentencePiece pieces (Marian).
 - Rare words: token frequencies of the analysed sentences themselves (the model's training data
   is not at hand); so a "rare" token is rare in the analysed text.
-- Importance (Michel): through the hooks of heads_lab.hf.heads, with the family's loss (a
-  translator's reference cross-entropy: only with translations; an encoder's masked LM).
+- Importance (Michel): through the hooks of heads_lab.hf.heads, with the task's loss (a
+  translator's reference cross-entropy: only with translations; an encoder's masked LM; a
+  language model's next-token loss on the text itself).
+- Length: a data set's texts are cut to analysis.max_tokens tokens where it is set; a text
+  longer than the model's positions is refused in one line (a treebank's is left out, saying
+  why).
 - LRP: not measured for these families (its rules follow heads-lab's own layers); analysis.json
   says so under `not_measured`.
 """
@@ -50,13 +54,13 @@ def source(pre: Pretrained, cfg, texts: tuple[list[str], list[str] | None] | Non
     data set's split. A translator's references are encoded as its labels."""
     # the positions a sequence may take: its tokens as encoded, special ones ([CLS] [SEP], </s>)
     # included (they were counted twice: a BERT sentence of 511 or 512 tokens was left out)
-    max_len = int(getattr(pre.config, "max_position_embeddings", 512))
+    max_len = pre.positions or 512
     if cfg.treebank:
         trees = read_conllu(Path(cfg.treebank))
         trees = trees[:cfg.max_sentences] if cfg.max_sentences else trees
         split, kept, indices, left_out = treebank_split(
             trees, pre.tokens, form, cfg.treebank_ref, max_len,
-            pre.tokens.encode_target if pre.family.seq2seq else None)  # English by its own
+            pre.tokens.encode_target if pre.task.references else None)  # English by its own
         return Source(f"treebank {Path(cfg.treebank).name}", split, split.src_text, kept,
                       indices, left_out, "treebank", str(cfg.treebank))
     if texts is None:
@@ -67,19 +71,39 @@ def source(pre: Pretrained, cfg, texts: tuple[list[str], list[str] | None] | Non
     src_text, tgt_text = texts
     n = len(src_text) if cfg.max_sentences is None else min(cfg.max_sentences, len(src_text))
     src_text = src_text[:n]
-    tgt_text = tgt_text[:n] if tgt_text is not None and pre.family.seq2seq else None
-    src = pre.tokens.encode(src_text)
+    tgt_text = tgt_text[:n] if tgt_text is not None and pre.task.references else None
+    src = fitted(pre, pre.tokens.encode(src_text), cfg.max_tokens, "analysis.max_tokens")
     tgt = pre.tokens.encode_target(tgt_text) if tgt_text is not None else [[] for _ in src]
     return Source(cfg.split, Split(src_text, tgt_text, src, tgt), src_text, None,
                   list(range(n)))
 
 
+def fitted(pre: Pretrained, ids: list[list[int]], max_tokens: int | None,
+           setting: str | None = None) -> list[list[int]]:
+    """Texts' ids cut to their first `max_tokens` (None: as they are); a text longer than the
+    model's positions is refused in one line (a ConfigError naming it and the fix)."""
+    limit = pre.positions
+    if max_tokens is not None:
+        if limit is not None and max_tokens > limit:
+            raise ConfigError(f"{setting}={max_tokens} is over the model's {limit:,} positions: "
+                              f"give {setting}={limit} or less")
+        ids = [x[:max_tokens] for x in ids]
+    if limit is not None:
+        longest = max(range(len(ids)), key=lambda i: len(ids[i]), default=None)
+        if longest is not None and len(ids[longest]) > limit:
+            fix = (f"set {setting}={limit} to cut each text to its first {limit} tokens, or "
+                   "give shorter texts") if setting else "give shorter texts"
+            raise ConfigError(f"text {longest} is {len(ids[longest]):,} tokens, longer than the "
+                              f"model's {limit:,} positions (hf:{pre.name}): {fix}")
+    return ids
+
+
 def notes(pre: Pretrained, gradient: dict) -> dict[str, Any]:
     """What analysis.json adds of an `hf:` model: the measures not made (and why) and the model."""
     not_measured = dict(NOT_MEASURED)
-    if "importance" not in gradient:
+    if "importance" not in gradient and pre.task.references:
         not_measured["importance"] = ("a translator's loss needs references: give "
                                       "analysis.treebank_ref (e.g. text_en)")
     return {"not_measured": not_measured,
-            "model": {"name": pre.name, "family": pre.family.name,
+            "model": {"name": pre.name, "family": pre.family.name, "task": pre.task.name,
                       "rare_frequencies": "the analysed sentences' own tokens"}}

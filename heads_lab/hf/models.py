@@ -1,10 +1,14 @@
 """Loading `hf:` models and where their heads are.
 
-A family says which transformers class to load, which attention sites the model has and, for
-each (site, layer), the module whose input is the heads' outputs side by side (the output
-projection: Marian's `out_proj`, BERT's `attention.output.dense`, DistilBERT's `out_lin`), where
-heads-lab's hooks gate heads. Other model types are refused in one line: their layers are not
-mapped onto heads-lab's sites (nothing is assumed about names that merely look alike).
+A family says which transformers class to load, its task kind (heads_lab/hf/tasks.py:
+translate, mlm or lm), and for each (site, layer) the module whose input is the heads' outputs
+side by side (the output projection: Marian's `out_proj`, BERT's `attention.output.dense`,
+DistilBERT's `out_lin`, GPT-2's `attn.c_proj`, GPT-NeoX's `attention.dense`, Llama's, Mistral's
+and Qwen2's `self_attn.o_proj`), where heads-lab's hooks gate heads: a query head's slice of that
+input is its output alone, under grouped-query attention too. Heads per site, key/value heads
+and d_k are read from the config (`head_dim` where it sets one). Other model types are refused
+in one line: their layers are not mapped onto heads-lab's sites (nothing is assumed about names
+that merely look alike).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 from heads_lab.analysis.syntax import piece_spans
 from heads_lab.errors import ConfigError, DataError
 from heads_lab.hf import HF_PREFIX
+from heads_lab.hf.tasks import TASKS, Task
 
 log = logging.getLogger(__name__)
 INSTALL = "pip install 'heads-lab[hf]' (transformers; `make test` installs it)"
@@ -29,12 +34,12 @@ INSTALL = "pip install 'heads-lab[hf]' (transformers; `make test` installs it)"
 class Family:
     name: str
     model_class: str  # the transformers class loaded (its task head gives the loss)
-    seq2seq: bool  # a translator (BLEU, dec-self and dec-enc sites) or an encoder (masked LM)
+    task: Task  # what it reads and is scored on (heads_lab.hf.tasks)
     outs: Callable[[Any], dict[tuple[str, int], Any]]  # model → (site, layer) → output projection
-    heads: Callable[[Any], dict[str, int]]  # config → heads per site
-    d_model: Callable[[Any], int]
     attentions: Callable[[Any], list]  # model → its attention projections (their parameters
     # counted: queries, keys, values and the output, not a LayerNorm a family keeps beside them)
+    heads: Callable[[Any], dict[str, int]] | None = None  # config → query heads per site
+    # (None: its task's sites × config.num_attention_heads)
 
 
 def _marian_outs(model) -> dict[tuple[str, int], Any]:
@@ -46,62 +51,132 @@ def _marian_outs(model) -> dict[tuple[str, int], Any]:
     return out
 
 
+def _llama_like(name: str, model_class: str) -> Family:
+    """A Llama-style causal LM (Llama, Mistral, Qwen2): `model.layers[i].self_attn` with q/k/v
+    projections and `o_proj`, grouped-query attention by config.num_key_value_heads."""
+    return Family(name, model_class, TASKS["lm"],
+                  lambda m: {("lm-self", i): layer.self_attn.o_proj
+                             for i, layer in enumerate(m.model.layers)},
+                  lambda m: [layer.self_attn for layer in m.model.layers])
+
+
 FAMILIES = {
-    "marian": Family("marian", "MarianMTModel", True, _marian_outs,
-                     lambda c: {"enc-self": c.encoder_attention_heads,
-                                "dec-self": c.decoder_attention_heads,
-                                "dec-enc": c.decoder_attention_heads}, lambda c: c.d_model,
+    "marian": Family("marian", "MarianMTModel", TASKS["translate"], _marian_outs,
                      lambda m: [layer.self_attn for layer in m.model.encoder.layers]
                      + [a for layer in m.model.decoder.layers
-                        for a in (layer.self_attn, layer.encoder_attn)]),
-    "bert": Family("bert", "BertForMaskedLM", False,
+                        for a in (layer.self_attn, layer.encoder_attn)],
+                     lambda c: {"enc-self": c.encoder_attention_heads,
+                                "dec-self": c.decoder_attention_heads,
+                                "dec-enc": c.decoder_attention_heads}),
+    "bert": Family("bert", "BertForMaskedLM", TASKS["mlm"],
                    lambda m: {("enc-self", i): layer.attention.output.dense
                               for i, layer in enumerate(m.bert.encoder.layer)},
-                   lambda c: {"enc-self": c.num_attention_heads}, lambda c: c.hidden_size,
                    lambda m: [part for layer in m.bert.encoder.layer  # (not its LayerNorm)
                               for part in (layer.attention.self, layer.attention.output.dense)]),
-    "distilbert": Family("distilbert", "DistilBertForMaskedLM", False,
+    "distilbert": Family("distilbert", "DistilBertForMaskedLM", TASKS["mlm"],
                          lambda m: {("enc-self", i): layer.attention.out_lin
                                     for i, layer in enumerate(m.distilbert.transformer.layer)},
-                         lambda c: {"enc-self": c.n_heads}, lambda c: c.dim,
                          lambda m: [layer.attention for layer in m.distilbert.transformer.layer]),
+    "gpt2": Family("gpt2", "GPT2LMHeadModel", TASKS["lm"],
+                   lambda m: {("lm-self", i): block.attn.c_proj
+                              for i, block in enumerate(m.transformer.h)},
+                   lambda m: [block.attn for block in m.transformer.h]),
+    "gpt_neox": Family("gpt_neox", "GPTNeoXForCausalLM", TASKS["lm"],
+                       lambda m: {("lm-self", i): layer.attention.dense
+                                  for i, layer in enumerate(m.gpt_neox.layers)},
+                       lambda m: [layer.attention for layer in m.gpt_neox.layers]),
+    "llama": _llama_like("llama", "LlamaForCausalLM"),
+    "mistral": _llama_like("mistral", "MistralForCausalLM"),
+    "qwen2": _llama_like("qwen2", "Qwen2ForCausalLM"),
 }
+
+
+def query_heads(family: Family, config) -> dict[str, int]:
+    """Query heads per site of a model of `family`."""
+    if family.heads is not None:
+        return family.heads(config)
+    return dict.fromkeys(family.task.sites, int(config.num_attention_heads))
+
+
+def kv_heads(config, heads: int) -> int:
+    """Key/value heads: config.num_key_value_heads where the config sets it (grouped- or
+    multi-query attention), else one per query head."""
+    kv = getattr(config, "num_key_value_heads", None)
+    return int(kv) if kv else heads
+
+
+def head_dim(config, heads: int) -> int:
+    """d_k: config.head_dim where the config sets it (Llama, Mistral, Qwen2 may make it other
+    than d_model / h), else d_model / h."""
+    width = getattr(config, "head_dim", None)
+    return int(width) if width else d_model(config) // heads
+
+
+def d_model(config) -> int:
+    for name in ("d_model", "hidden_size", "dim", "n_embd"):
+        width = getattr(config, name, None)
+        if width:
+            return int(width)
+    raise DataError(f"a {config.model_type!r} config with no model width (hidden_size)")
 
 
 class Tokens:
     """The model's own tokenizer in the terms heads-lab's analysis uses: `encode` gives the ids
-    the model reads (with its special tokens: Marian's pieces + </s>, BERT's [CLS] pieces
-    [SEP]), `encode_spans` the ids without the final special token and each one's character
-    span in the text ([CLS]: an empty span, part of no word), `pieces` the tokens of ids."""
+    the model reads, with its special tokens as its task says (Marian's pieces + </s>, BERT's
+    [CLS] pieces [SEP], a causal LM's BOS + pieces), `encode_spans` the ids up to the special
+    tokens after the text (a source's </s> or [SEP]; a language model has none: no text token is
+    dropped) and each one's character span in the text (a special token: an empty span, part of
+    no word), `pieces` the tokens of ids."""
 
-    def __init__(self, tokenizer, seq2seq: bool):
-        self.tok, self.seq2seq = tokenizer, seq2seq
+    pretrained = True  # its pieces label maps as they are, special tokens included
+
+    def __init__(self, tokenizer, task: Task, config=None):
+        self.tok, self.task, self.config = tokenizer, task, config
+        self.start = task.start(tokenizer, config)
+        self.text_end = task.text_end
+        # a byte-level BPE (GPT-2's kind: a space is "Ġ", a newline "Ċ"): pieces are shown as the
+        # text they stand for, a space as "▁" (SentencePiece's mark), a newline as "↵"
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        self.byte_level = "ByteLevel" in repr(getattr(backend, "decoder", None))
 
     def __len__(self) -> int:
         return len(self.tok)
 
     def encode(self, texts: list[str]) -> list[list[int]]:
-        return [list(ids) for ids in self.tok(list(texts))["input_ids"]]
+        return self.task.encode(self.tok, self.start, texts)
 
     def encode_target(self, texts: list[str]) -> list[list[int]]:
         """A translator's reference ids (pieces + </s>), as its labels."""
         return [list(ids) for ids in self.tok(text_target=list(texts))["input_ids"]]
 
     def pieces(self, ids: list[int]) -> list[str]:
-        return self.tok.convert_ids_to_tokens(list(ids))
+        tokens = self.tok.convert_ids_to_tokens(list(ids))
+        if not self.byte_level:
+            return tokens
+        return [self.tok.convert_tokens_to_string([t]).replace(" ", "▁").replace("\n", "↵")
+                for t in tokens]
 
     def encode_spans(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-        ids = self.encode([text])[0][:-1]
-        try:
-            spans = self.tok(text, return_offsets_mapping=True).get("offset_mapping")
-        except NotImplementedError:  # a tokenizer without offsets (Marian's SentencePiece)
-            spans = None
-        if spans:
-            return ids, [tuple(s) for s in spans][:-1]
-        return ids, piece_spans(self.pieces(ids))
+        found = self.task.spans(self.tok, self.start, text)
+        ids = found[0] if found else self.encode([text])[0]
+        keep = len(ids) - self.text_end
+        if found:
+            return ids[:keep], found[1][:keep]
+        return ids[:keep], piece_spans(self.pieces(ids[:keep]))
 
     def decode(self, ids: list[list[int]]) -> list[str]:
         return self.tok.batch_decode(ids, skip_special_tokens=True)
+
+    @property
+    def bos_id(self) -> int | None:
+        """The token a text starts from: the one `encode` puts first, else the tokenizer's
+        BOS (which it adds itself), if any."""
+        return self.start[0] if self.start else self.tok.bos_token_id
+
+    def ordinary_ids(self) -> list[int]:
+        """Every token id but the special ones (what random probe tokens are drawn from)."""
+        special = set(self.tok.all_special_ids)
+        return [i for i in range(len(self.tok)) if i not in special]
 
 
 @dataclass
@@ -117,13 +192,45 @@ class Pretrained:
     outs: dict[tuple[str, int], Any] = field(default_factory=dict)
 
     @property
+    def task(self) -> Task:
+        return self.family.task
+
+    @property
+    def site_heads(self) -> dict[str, int]:
+        """Query heads per site."""
+        return query_heads(self.family, self.config)
+
+    @property
     def heads(self) -> dict[tuple[str, int], int]:
-        per_site = self.family.heads(self.config)
+        per_site = self.site_heads
         return {key: per_site[key[0]] for key in self.outs}
 
     @property
+    def kv_heads(self) -> dict[str, int]:
+        """Key/value heads per site (as many as the query heads but for grouped-query
+        attention)."""
+        return {site: kv_heads(self.config, n) for site, n in self.site_heads.items()}
+
+    @property
+    def groups(self) -> dict[tuple[str, int], int]:
+        """Key/value groups per (site, layer) where several query heads share a key/value head
+        (query head i in group i // (heads / groups)); {} without grouped-query attention."""
+        kv = self.kv_heads
+        return {key: kv[key[0]] for key, n in self.heads.items() if kv[key[0]] < n}
+
+    @property
+    def d_k(self) -> dict[str, int]:
+        return {site: head_dim(self.config, n) for site, n in self.site_heads.items()}
+
+    @property
     def d_model(self) -> int:
-        return self.family.d_model(self.config)
+        return d_model(self.config)
+
+    @property
+    def positions(self) -> int | None:
+        """The longest sequence the model reads (its position embeddings, or as configured)."""
+        n = getattr(self.config, "max_position_embeddings", None)
+        return int(n) if n else None
 
     def layers(self, site: str) -> int:
         return sum(1 for s, _ in self.outs if s == site)
@@ -149,7 +256,8 @@ def load(spec: str, device: str = "cpu") -> Pretrained:
         if family is None:
             raise ConfigError(f"hf:{name} is a {config.model_type!r} model; heads-lab reads "
                               f"{', '.join(FAMILIES)} models (their heads mapped onto enc-self, "
-                              "dec-self and dec-enc); other families are not supported")
+                              "dec-self, dec-enc and lm-self); other families are not supported")
+        _check_groups(name, family, config)
         try:
             model = getattr(transformers, family.model_class).from_pretrained(
                 where, attn_implementation="eager")
@@ -164,9 +272,21 @@ def load(spec: str, device: str = "cpu") -> Pretrained:
                             "tokenizer files are missing or damaged; save the model's tokenizer "
                             "beside it (tokenizer.save_pretrained) or download it again") from None
     _check_tokenizer(name, len(tokenizer), config.vocab_size)
+    family.task.check(name, tokenizer, config)
     model = model.to(device).eval()
-    return Pretrained(name, family, model, Tokens(tokenizer, family.seq2seq), config,
+    return Pretrained(name, family, model, Tokens(tokenizer, family.task, config), config,
                       family.outs(model))
+
+
+def _check_groups(name: str, family: Family, config) -> None:
+    """Grouped-query heads that do not divide evenly into their key/value heads: one line (the
+    library would fail deep inside a forward pass)."""
+    for n in query_heads(family, config).values():
+        kv = kv_heads(config, n)
+        if kv < 1 or n % kv:
+            raise DataError(f"hf:{name}: {n} query heads do not divide into {kv} key/value "
+                            "heads (num_attention_heads must be a multiple of "
+                            "num_key_value_heads); the config is damaged or not this family's")
 
 
 def _check_tokenizer(name: str, pieces: int, vocab: int) -> None:
@@ -181,32 +301,39 @@ def _check_tokenizer(name: str, pieces: int, vocab: int) -> None:
                         "(tokenizer.save_pretrained)")
 
 
-def account(pre: Pretrained, src_len: int = 20, tgt_len: int = 20) -> dict[str, Any]:
-    """What `heads-lab info hf:...` prints: layers, heads, widths, parameters (all, attention) and
-    FLOPs per token of a forward pass, counted by torch.utils.flop_counter on one sentence of
-    `src_len` tokens (a translator: per target token, with `tgt_len` of them)."""
+def account(pre: Pretrained, length: int | None = None) -> dict[str, Any]:
+    """What `heads-lab info hf:...` prints: layers, per site the query heads, key/value heads and
+    d_k, widths, parameters (all, attention; attention weights per query head and per
+    key/value group), FLOPs per token of a forward pass (torch.utils.flop_counter on one
+    sequence of its task's `flops_length`: 20 tokens for a translator, per target token with
+    20 of them, or an encoder; 128 tokens of context for a causal LM, or its positions where
+    fewer), and the key/value cache per
+    token in the model's dtype (2 · layers · kv heads · d_k · bytes)."""
     import torch  # lazy: start-up time (torch)
     from torch.utils.flop_counter import FlopCounterMode  # lazy: as above
 
-    heads = pre.family.heads(pre.config)
-    ids = torch.full((1, src_len), 5, dtype=torch.long, device=pre.model.device)
-    kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    if pre.family.seq2seq:
-        kwargs["decoder_input_ids"] = torch.full((1, tgt_len), 5, dtype=torch.long,
-                                                 device=pre.model.device)
+    task = pre.task
+    if length is None:
+        length = min(task.flops_length, pre.positions or task.flops_length)
+    kwargs, per, lengths = task.flops_inputs(pre, length)
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         pre.model(**kwargs)
-    per = tgt_len if pre.family.seq2seq else src_len
-    layers = {site: pre.layers(site) for site in heads}
-    return {"name": f"hf:{pre.name}", "family": pre.family.name,
-            "layers": f"{layers['enc-self']}+{layers.get('dec-self', 0)}",
-            "heads": heads, "d_model": pre.d_model,
-            "d_k": {site: pre.d_model // n for site, n in heads.items()},
+    dtype = next(pre.model.parameters()).dtype
+    size = torch.finfo(dtype).bits // 8 if dtype.is_floating_point else 4
+    cache, cache_of = task.kv_cache(pre, size)
+    d = pre.d_model
+    return {"name": f"hf:{pre.name}", "family": pre.family.name, "task": task.name,
+            "layers": task.layers(pre), "heads": pre.site_heads, "kv_heads": pre.kv_heads,
+            "d_model": d, "d_k": pre.d_k,
             "params": sum(p.numel() for p in pre.model.parameters()),
             "params_attention": sum(p.numel() for m in pre.family.attentions(pre.model)
                                     for p in m.parameters()),
-            "flops_per_token": counter.get_total_flops() / per,
-            "flops_tokens": {"src": src_len, **({"tgt": tgt_len} if pre.family.seq2seq else {})}}
+            # W_Q's rows and W_O's columns of one query head; W_K's and W_V's of one group
+            "weights_per_query_head": {site: 2 * d * k for site, k in pre.d_k.items()},
+            "weights_per_kv_group": {site: 2 * d * k for site, k in pre.d_k.items()},
+            "flops_per_token": counter.get_total_flops() / per, "flops_tokens": lengths,
+            "dtype": str(dtype).replace("torch.", ""), "kv_cache_bytes_per_token": cache,
+            "kv_cache": cache_of}
 
 
 def _transformers():

@@ -7,7 +7,9 @@
 - Heads: the model's own attention (heads_lab.hf.heads: maps, gates through hooks), one kind
   ("head") per (site, layer); pruned heads are masked (zeroed), never removed.
 - Analysis: heads_lab.hf.analysis (sentences, what is not measured); pruning's metric:
-  heads_lab.hf.prune (a translator's BLEU, chrF and PPL; an encoder's masked-LM accuracy).
+  heads_lab.hf.prune, its task's (heads_lab.hf.tasks: a translator's BLEU, chrF and PPL; an
+  encoder's masked-LM accuracy; a language model's PPL and bits per byte).
+- Grouped-query attention: `groups` (key/value groups per layer), pruned as a second curve.
 - Outputs go to outputs/hf/<model>/{analysis,prune}/<time>_<overrides>/.
 """
 
@@ -27,6 +29,7 @@ from heads_lab.hf import analysis as hf_analysis
 from heads_lab.hf import heads as hf_heads
 from heads_lab.hf import prune as hf_prune
 from heads_lab.hf.models import Pretrained, account, load
+from heads_lab.hf.tasks import TASKS, EvalData
 from heads_lab.output.tracking import console
 
 ALLOWED = {"analyze": ("analysis.", "data", "trainer.device=", "trainer.threads=", "paths."),
@@ -46,10 +49,13 @@ def open_pretrained(spec: str, verb: str, overrides: list[str]) -> PretrainedSub
                               "own models only")
         if not any(o.startswith("data") for o in overrides):
             raise ConfigError("prune hf:... needs a data set to measure on: data=multi30k (a "
-                              "translator: its source and reference; an encoder: data.src=en "
-                              "for English text)")
+                              "translator: its source and reference; an encoder or a language "
+                              "model: data.src=en for English text)")
     device = _device(run)
-    subject = PretrainedSubject(load(spec, device), run, overrides, device)
+    pre = load(spec, device)
+    if not any(o.startswith("prune.sites=") for o in overrides):
+        run.prune.sites = list(pre.task.sites)  # by default, every attention type it has
+    subject = PretrainedSubject(pre, run, overrides, device)
     if verb == "prune":  # refused, or its data set read, before prune makes its output dir
         sites_present(list(run.prune.sites), subject.heads())
         _ = subject.prune_data
@@ -104,18 +110,19 @@ class PretrainedSubject:
         self.identity = {"checkpoint": self.name}
         self.modules = {key: hf_analysis.HeadsOf(n) for key, n in pre.heads.items()}
         self.map_heads = pre.heads
-        seq2seq = pre.family.seq2seq
-        split = run.prune.eval_split
-        self.task_metric = (("bleu", f"{split} BLEU") if seq2seq else
-                            ("accuracy", f"{split} masked-LM accuracy"))
+        self.groups = pre.groups
+        key, label = pre.task.metric
+        self.task_metric = (key, label.format(split=run.prune.eval_split))
         self.prune_title = f"importance pruning of {self.name} (Michel et al. 2019)"
-        metrics = ["bleu", "chrf", "ppl"] if seq2seq else ["accuracy", "loss", "ppl"]
         self.curve_columns = [
             ("% masked", lambda r: f"{100 * r['fraction']:.0f}"),
             *((f"kept {s}", lambda r, s=s: str(r["kept"][s]))
               for s in dict.fromkeys(site for site, _ in pre.heads)),
-            *((m, lambda r, m=m: f"{r[m]:.3f}" if m in ("accuracy", "loss") else f"{r[m]:.2f}")
-              for m in metrics)]
+            *((("kv groups masked", lambda r: str(r.get("kv_groups_pruned", "–"))),)
+              if self.groups else ()),
+            *((m.replace("bits_per_byte", "bits/byte"),
+               lambda r, m=m: f"{r[m]:.2f}" if m in ("bleu", "chrf", "ppl") else f"{r[m]:.3f}")
+              for m in pre.task.columns)]
 
     def warn(self, line: str) -> None:
         console.print(f"warning: {line}")
@@ -147,15 +154,18 @@ class PretrainedSubject:
         n = len(source.split)
         ids = [[int(t) for t in source.split.src[i]] for i in range(n)]
         targets = ([[int(t) for t in source.split.tgt[i]] for i in range(n)]
-                   if source.has_target and self.pre.family.seq2seq else None)
+                   if source.has_target and self.pre.task.references else None)
         return ids, targets
 
     def maps(self, source):
         return hf_heads.maps(self.pre, *self._ids(source), self.device)
 
+    def sequence_maps(self, ids):
+        return hf_heads.maps(self.pre, ids, None, self.device)
+
     def gradients(self, source, cfg):
         ids, targets = self._ids(source)
-        if targets is None and self.pre.family.seq2seq:  # a translator's loss needs references
+        if targets is None and self.pre.task.references:  # a translator's loss needs references
             return {}
         return {"importance": hf_heads.importance(self.pre, ids, targets, self.device)}
 
@@ -171,32 +181,38 @@ class PretrainedSubject:
 
     # prune
     @cached_property
-    def prune_data(self) -> tuple[tuple, tuple]:
-        """(src, tgt) where importance is measured, (src, tgt, refs) where the metric is."""
+    def prune_data(self) -> tuple[tuple, EvalData]:
+        """(src, tgt) where importance is measured, what the metric is measured on."""
         p = self.run.prune
         imp, ev = self._texts(p.split), self._texts(p.eval_split)
         imp_src, imp_tgt = self._encoded(imp, p.eval_sentences)
         ev_src, ev_tgt = self._encoded(ev, p.eval_sentences)
-        refs = ev[1][:len(ev_src)] if self.pre.family.seq2seq and ev[1] is not None else None
-        return (imp_src, imp_tgt), (ev_src, ev_tgt, refs)
+        refs = ev[1][:len(ev_src)] if self.pre.task.references and ev[1] is not None else None
+        return (imp_src, imp_tgt), EvalData(ev_src, ev_tgt, refs, list(ev[0][:len(ev_src)]))
 
     def _encoded(self, texts: tuple, n: int | None) -> tuple[list, list | None]:
         src_text, tgt_text = texts
         n = len(src_text) if n is None else min(n, len(src_text))
-        src = self.pre.tokens.encode(src_text[:n])
+        src = hf_analysis.fitted(self.pre, self.pre.tokens.encode(src_text[:n]), None)
         tgt = (self.pre.tokens.encode_target(tgt_text[:n])
-               if self.pre.family.seq2seq and tgt_text is not None else None)
+               if self.pre.task.references and tgt_text is not None else None)
         return src, tgt
 
     @property
     def prune_note(self) -> str:
-        return self.prune_note_form.format(split=self.run.prune.eval_split,
-                                           n=len(self.prune_data[1][0]))
+        note = self.prune_note_form.format(split=self.run.prune.eval_split,
+                                           n=len(self.prune_data[1].src))
+        if self.groups:
+            note += ("; a key/value group masked is its key/value head and all its query heads "
+                     "(the same output as with them removed)")
+        return note + self.pre.task.prune_note
 
     @property
     def pruning(self) -> dict[str, Any]:
-        return {"model": self.name, "family": self.pre.family.name,
-                "eval_sentences": len(self.prune_data[1][0]), "heads_pruned_by": "mask"}
+        return {"model": self.name, "family": self.pre.family.name, "task": self.pre.task.name,
+                "eval_sentences": len(self.prune_data[1].src), "heads_pruned_by": "mask",
+                **({"kv_groups": {f"{s}:{layer}": g for (s, layer), g in self.groups.items()}}
+                   if self.groups else {})}
 
     def heads(self) -> dict[str, int]:
         total: dict[str, int] = {}
@@ -204,38 +220,60 @@ class PretrainedSubject:
             total[site] = total.get(site, 0) + n
         return total
 
-    def importance(self, masked, scope):
+    def importance(self, masked, scope, groups: bool = False):
         with hf_heads.masked(self.pre, masked):
-            scores = hf_heads.importance(self.pre, *self.prune_data[0], self.device)
-        return {(site, layer): scores[(site, layer, "head")]
-                for site, layer in self.pre.heads if site in scope}
+            scores = hf_heads.importance(self.pre, *self.prune_data[0], self.device,
+                                         groups=groups)
+        kind = "group" if groups else "head"
+        return {(site, layer): scores[(site, layer, kind)]
+                for site, layer in (self.pre.groups if groups else self.pre.heads)
+                if site in scope}
 
     def point(self, masked, fraction: float) -> dict[str, Any]:
         return hf_prune.row(self.pre, masked, self.prune_data[1], self.run.eval.beam,
                             self.device, fraction)
 
     def summary(self, row) -> str:
-        return ", ".join(f"{k} {row[k]:.3f}" for k in ("bleu", "accuracy", "ppl") if k in row)
+        return ", ".join(f"{k} {row[k]:.3f}" for k in ("bleu", "accuracy", "bits_per_byte", "ppl")
+                         if k in row)
 
     def gates(self, out: Path) -> dict[str, Any]:  # refused by open_pretrained
         raise ConfigError("prune hf:... runs method=importance")
 
 
 def accounts(specs: list[str]) -> dict[str, Any]:
-    """Heads, layers, widths, parameters and FLOPs per token of pretrained models side by side:
-    `info`'s table."""
+    """Heads, key/value heads, widths, parameters, FLOPs per token and the key/value cache of
+    pretrained models side by side: `info`'s table."""
     rows = [account(load(name)) for name in specs]
-    header = ["", *[r["name"] for r in rows]]
-    body = [["family", *[r["family"] for r in rows]],
-            ["layers (enc+dec)", *[r["layers"] for r in rows]],
-            ["heads (enc / dec-self / dec-enc)",
-             *[" / ".join(str(v) for v in r["heads"].values()) for r in rows]],
-            ["d_model", *[str(r["d_model"]) for r in rows]],
-            ["d_k = d_model / h (per site, as heads)",
-             *[" / ".join(str(v) for v in r["d_k"].values()) for r in rows]],
+
+    def sites(values: dict[str, Any]) -> str:  # one value: it; several: each site named
+        if len(set(values.values())) == 1:
+            return f"{next(iter(values.values())):,}" + (" each site" if len(values) > 1 else "")
+        return " · ".join(f"{site} {v:,}" for site, v in values.items())
+
+    def cache(r: dict[str, Any]) -> str:
+        if r["kv_cache_bytes_per_token"] is None:
+            return "– (an encoder)"
+        return f"{r['kv_cache_bytes_per_token']:,} ({r['dtype']})"
+
+    lengths = sorted({TASKS[r["task"]].flops_said.format(**r["flops_tokens"]) for r in rows})
+    body = [["family (task)", *[f"{r['family']} ({r['task']})" for r in rows]],
+            ["layers", *[r["layers"] for r in rows]],
+            ["query heads per layer", *[sites(r["heads"]) for r in rows]],
+            ["key/value heads per layer", *[sites(r["kv_heads"]) for r in rows]],
+            ["d_model", *[f"{r['d_model']:,}" for r in rows]],
+            ["d_k (head_dim)", *[sites(r["d_k"]) for r in rows]],
             ["parameters", *[f"{r['params']:,}" for r in rows]],
             ["  of them attention", *[f"{r['params_attention']:,}" for r in rows]],
-            ["MFLOP per token (forward)", *[f"{r['flops_per_token'] / 1e6:,.1f}" for r in rows]]]
-    note = ("FLOPs counted by torch.utils.flop_counter on a forward of one 20-token sentence "
-            "(translators: per target token, 20 of them)")
-    return {"header": header, "rows": body, "note": note, "accounts": rows}
+            ["  weights per query head (W_Q, W_O)",
+             *[sites(r["weights_per_query_head"]) for r in rows]],
+            ["  weights per key/value group (W_K, W_V)",
+             *[sites(r["weights_per_kv_group"]) for r in rows]],
+            ["MFLOP per token (forward)", *[f"{r['flops_per_token'] / 1e6:,.1f}" for r in rows]],
+            ["KV cache bytes per token", *[cache(r) for r in rows]]]
+    note = ("FLOPs counted by torch.utils.flop_counter on one forward pass, per token: "
+            + "; ".join(lengths) + ". KV cache = 2 · layers · key/value heads · d_k · bytes "
+            "of the model's dtype, per token (a translator: per target token, its decoder's "
+            "self-attention); biases apart from the per-head weights")
+    return {"header": ["", *[r["name"] for r in rows]], "rows": body, "note": note,
+            "accounts": rows}

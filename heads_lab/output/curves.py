@@ -91,8 +91,10 @@ def plot_curves(curves: dict[str, list[dict]], path: Path, split: str,
     axes[1].yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=subs))
     axes[1].yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     axes[1].yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    groups = any(name.endswith("kv groups") for name in curves)
     for ax in axes:
-        ax.set_xlabel("% of the heads (in that attention type) pruned")
+        ax.set_xlabel("% of the heads (or key/value groups) of that attention type pruned"
+                      if groups else "% of the heads (in that attention type) pruned")
         ax.grid(alpha=0.3)
     # one legend under both panels: inside one it covered a curve (the all-sites line)
     fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=len(curves),

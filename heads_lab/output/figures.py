@@ -21,13 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from heads_lab.config.sites import SITES, present
+from heads_lab.config.sites import ALL_SITES, present
 
 FUNCTIONS = ("positional", "syntactic", "rare", "other")
 FUNCTION_COLOURS = {"positional": "#4c72b0", "syntactic": "#55a868", "rare": "#c44e52",
                     "other": "#e6e6e6"}
 FUNCTION_LETTERS = {"positional": "P", "syntactic": "S", "rare": "R", "other": ""}
-SITE_COLOURS = {site: f"C{i}" for i, site in enumerate(SITES)}
+SITE_COLOURS = {site: f"C{i}" for i, site in enumerate(ALL_SITES)}
 MISSING_COLOUR = "#d0d0d0"
 ANNOTATE_HEADS = 16  # cell values written in metric grids and function maps up to this many heads
 ANNOTATE_DISTANCE_HEADS = 8  # head×head matrices hold heads² cells: values only when small
@@ -128,6 +128,11 @@ def _layer_head_panels(plt, sites: list[str], arrays: list[np.ndarray], cell: tu
     return fig, axes[0]
 
 
+# scores read against a bar on [0, 1] (a language model's roles): drawn on that whole scale, so
+# a head at 0.01 is not as bright as one at 0.9
+UNIT_SCALE = frozenset({"previous_token", "duplicate_token", "induction", "sink"})
+
+
 def metric_grids(grids: Mapping[str, Mapping[str, Sequence[Sequence[float | None]]]],
                  out_dir: Path, titles: Mapping[str, Mapping[str, str]] | None = None
                  ) -> list[Path]:
@@ -147,7 +152,7 @@ def metric_grids(grids: Mapping[str, Mapping[str, Sequence[Sequence[float | None
         arrays = [_grid(s, by_site[s], metric) for s in sites]
         if all(np.isnan(a).all() for a in arrays):
             continue  # nothing measured (the console and analysis.md say why): no empty figure
-        lo, hi, diverging = _limits(arrays)
+        lo, hi, diverging = (0.0, 1.0, False) if metric in UNIT_SCALE else _limits(arrays)
         cmap = colormaps["RdBu_r" if diverging else "viridis"].with_extremes(bad=MISSING_COLOUR)
         norm = mcolors.Normalize(lo, hi)
         fig, axes = _layer_head_panels(plt, sites, arrays, (0.5, 0.12), (1.4, 1.8),
@@ -284,7 +289,7 @@ def distance_matrices(distances: Mapping[str, Sequence[Sequence[float]]],
     return paths
 
 
-SITE_MARKERS = {"enc-self": "o", "dec-self": "s", "dec-enc": "^"}
+SITE_MARKERS = {"enc-self": "o", "dec-self": "s", "dec-enc": "^", "lm-self": "D"}
 
 
 def head_map(coords: Mapping[str, Sequence[Sequence[float]]], layers: Mapping[str, int],

@@ -94,11 +94,16 @@ def bertviz_head_view(attention: Mapping[str, Any], src_tokens: Sequence[str],
         return [torch.as_tensor(layer[None], dtype=torch.float32) for layer in arrays[site]]
 
     depth = min(a.shape[0] for a in arrays.values())
-    view = bertviz.head_view(encoder_attention=layers("enc-self"),
-                             decoder_attention=layers("dec-self"),
-                             cross_attention=layers("dec-enc"),
-                             encoder_tokens=list(src_tokens), decoder_tokens=list(tgt_tokens),
-                             include_layers=list(range(depth)), html_action="return")
+    if "lm-self" in arrays:  # a decoder-only model: one stack, its own tokens
+        view = bertviz.head_view(attention=layers("lm-self"), tokens=list(src_tokens),
+                                 include_layers=list(range(depth)), html_action="return")
+    else:
+        view = bertviz.head_view(encoder_attention=layers("enc-self"),
+                                 decoder_attention=layers("dec-self"),
+                                 cross_attention=layers("dec-enc"),
+                                 encoder_tokens=list(src_tokens),
+                                 decoder_tokens=list(tgt_tokens),
+                                 include_layers=list(range(depth)), html_action="return")
     body = _script_safe(getattr(view, "data", view))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -61,6 +61,7 @@ class TrainedSubject:
         self.modules = attention_modules(self.model)
         # heatmaps draw attention maps: their heads are the maps' kind (softmax heads, h of them)
         self.map_heads = {key: head_kinds(m)[map_kind(m)] for key, m in self.modules.items()}
+        self.groups = {}  # key/value groups are pruned head by head (masked) in a run of its own
         if verb == "prune":
             if gates_of(self.model) is not None:
                 raise ConfigError(f"{run_dir} was trained with head gates (prune.l0_lambda="
@@ -80,6 +81,14 @@ class TrainedSubject:
     def maps(self, source):
         return collect_maps(self.model, source.split, len(source.indices), self.device,
                             decoder=source.has_target)
+
+    def sequence_maps(self, ids):
+        """The encoder's maps of `ids`, read as a source (its EOS after them): a translator
+        reads sequences alone there."""
+        from heads_lab.data import Split  # lazy: start-up time (torch)
+
+        split = Split(None, None, [list(x) for x in ids], [[] for _ in ids])
+        return collect_maps(self.model, split, None, self.device, decoder=False)
 
     def gradients(self, source, cfg):
         n = len(source.indices)
@@ -104,7 +113,8 @@ class TrainedSubject:
             log.warning("method=gates with prune.l0_lambda=0: gates fine-tuned without the L0 "
                         "penalty (the control run for a λ sweep)")
         self.remove = all(variant(run.model, s).removable(run.model)
-                          for s in (SITES if p.method == "gates" else p.sites))
+                          for s in (SITES if p.method == "gates" else
+                                    [x for x in p.sites if x in SITES]))
         if not self.remove:
             kind = getattr(run.model.attention, "value", run.model.attention)
             what = ("talking-heads attention" if kind == "talking_heads" else
@@ -145,8 +155,11 @@ class TrainedSubject:
 
         return count_heads(self.model)
 
-    def importance(self, masked, scope):
+    def importance(self, masked, scope, groups: bool = False):
         from heads_lab.analysis import head_importance  # lazy: start-up time (torch)
+
+        if groups:  # (self.groups is empty: the loop never asks)
+            raise ConfigError("a run trained here is pruned head by head")
 
         return head_importance(self.model, self.importance_split, None,
                                self.run.trainer.max_tokens, self.device, masked,

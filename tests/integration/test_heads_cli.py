@@ -278,6 +278,14 @@ def test_a_run_and_a_pretrained_model_are_pruned_through_one_seam(trained, tmp_p
             added = {(key, h) for key, heads in after.items() for h in heads} - {
                 (key, h) for key, heads in before.items() for h in heads}
             assert added == {(key, h) for _, key, h in left[:2]}
+        assert subject.groups == {}  # no grouped-query attention in either
+    # the maps of given token ids (a language model's role probe), at the site that reads a
+    # sequence alone: a translator's encoder, which reads them as a source (its EOS after them)
+    run = open_subject(trained, "analyze", [])
+    (made,) = run.sequence_maps([[5, 6, 7, 8, 9]])
+    assert set(made.maps) == {"enc-self"} and made.maps["enc-self"].shape[-2:] == (6, 6)
+    assert made.src[:5] == [5, 6, 7, 8, 9]
+    np.testing.assert_allclose(made.maps["enc-self"].sum(-1), 1.0, rtol=1e-5)
 
 
 def test_a_pretrained_models_bad_input_is_one_line_and_leaves_no_output_dir(tmp_path):
@@ -489,7 +497,8 @@ def test_pretrained_models_go_through_info_analyze_and_prune(tmp_path):
 
 @pytest.mark.parametrize("case,fragments", [
     ("offline", ["hf:someone/no-such-model", "unreachable (offline)", "save_pretrained"]),
-    ("gpt2", ["is a 'gpt2' model", "marian, bert, distilbert"]),
+    ("opt", ["is a 'opt' model", "marian, bert, distilbert, gpt2, gpt_neox, llama, mistral, "
+                                 "qwen2"]),
     ("missing", ["no such save_pretrained dir"]),
     ("no-transformers", ["need the transformers package", "pip install 'heads-lab[hf]'"]),
 ])
@@ -503,11 +512,12 @@ def test_a_pretrained_model_that_cannot_be_read_is_one_line(tmp_path, case, frag
         (tmp_path / "hide" / "sitecustomize.py").write_text(
             "import sys\nsys.modules['transformers'] = None\n")
         env["PYTHONPATH"] = str(tmp_path / "hide")
-    if case == "gpt2":
-        from transformers import GPT2Config, GPT2LMHeadModel
+    if case == "opt":  # a causal LM family heads-lab does not map
+        from transformers import OPTConfig, OPTForCausalLM
 
-        GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50)).save_pretrained(
-            tmp_path / "gpt2")
-        name = str(tmp_path / "gpt2")
+        OPTForCausalLM(OPTConfig(num_hidden_layers=1, hidden_size=16, num_attention_heads=2,
+                                 ffn_dim=32, word_embed_proj_dim=16,
+                                 vocab_size=50)).save_pretrained(tmp_path / "opt")
+        name = str(tmp_path / "opt")
     proc = heads_lab("info", f"hf:{name}", cwd=tmp_path, env=env)
     _assert_one_line_error(proc, *fragments)

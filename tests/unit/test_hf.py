@@ -46,12 +46,13 @@ def _builder():
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> dict[str, Path]:
     data = os.environ.get("HEADS_LAB_DATA")
-    return _builder().build(tmp_path_factory.mktemp("hf"), Path(data) if data else None)
+    return _builder().build(tmp_path_factory.mktemp("hf"), Path(data) if data else None,
+                            lm=False)
 
 
 def _inputs(pre):
-    src = pre.tokens.encode(DE if pre.family.seq2seq else EN)
-    tgt = pre.tokens.encode_target(EN) if pre.family.seq2seq else None
+    src = pre.tokens.encode(DE if pre.task.references else EN)
+    tgt = pre.tokens.encode_target(EN) if pre.task.references else None
     return src, tgt
 
 
@@ -62,12 +63,12 @@ def test_maps_are_the_models_own_attention_one_sentence_at_a_time(tiny, family):
     sentences = hf_heads.maps(pre, src, tgt)  # batched, padded, then cut back
     for i, sent in enumerate(sentences):
         kwargs = {"input_ids": torch.tensor([src[i]])}
-        if pre.family.seq2seq:
+        if pre.task.references:
             kwargs["decoder_input_ids"] = torch.tensor([sent.tgt_in])
         with torch.no_grad():
             out = pre.model(**kwargs, output_attentions=True)
         own = ({"enc-self": out.encoder_attentions, "dec-self": out.decoder_attentions,
-                "dec-enc": out.cross_attentions} if pre.family.seq2seq
+                "dec-enc": out.cross_attentions} if pre.task.references
                else {"enc-self": out.attentions})
         assert set(sent.maps) == set(own)
         for site, layers in own.items():
@@ -102,7 +103,7 @@ def test_importance_is_a_finite_difference_of_the_loss(tiny, family):
     pre = load(f"hf:{tiny[family]}")
     pre.model.double()
     src, tgt = _inputs(pre)
-    b = hf_heads.batch(pre, src, tgt, mlm=not pre.family.seq2seq)
+    b = hf_heads.batch(pre, src, tgt, loss=True)
     key = ("dec-enc", 0) if family == "marian" else ("enc-self", 1)
     gate = torch.ones(pre.heads[key], dtype=torch.float64, requires_grad=True)
     with torch.enable_grad(), hf_heads.gated(pre, {key: gate}):
@@ -167,6 +168,9 @@ def test_a_planted_previous_token_head_is_found_positional_and_no_other(tiny):
     others = [h for key, h in heads.items() if key != (0, 0)]
     assert all(h["function"] != "positional" for h in others)
     assert max(h["positional"]["share"] for h in others) < 0.9
+    # an encoder has no language model's roles, and analysis.json says why, per site
+    assert "lm-self" in result["not_applicable"]["induction"]["enc-self"]
+    assert "induction" not in planted and "roles" not in result
 
 
 def test_info_counts_parameters_and_flops_like_the_library(tiny):
@@ -178,13 +182,14 @@ def test_info_counts_parameters_and_flops_like_the_library(tiny):
         assert row["params"] == pre.model.num_parameters()
         assert row["family"] == family
         assert row["d_k"] == {site: row["d_model"] // n for site, n in row["heads"].items()}
+        assert row["kv_heads"] == row["heads"]  # no grouped-query attention here
         # queries, keys, values and output of every attention layer, weights and biases, and
         # nothing else (BERT's attention block holds a LayerNorm too: not counted)
         d, modules = row["d_model"], sum(pre.layers(site) for site in row["heads"])
         assert row["params_attention"] == modules * 4 * (d * d + d)
         ids = torch.full((1, 20), 5)
         kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-        if pre.family.seq2seq:
+        if pre.task.references:
             kwargs["decoder_input_ids"] = torch.full((1, 20), 5)
         with FlopCounterMode(display=False) as counter, torch.no_grad():
             pre.model(**kwargs)
@@ -205,6 +210,10 @@ def test_the_tiny_models_are_the_same_every_build(tmp_path):
         assert list(vocab[0])[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
         weights = [(d / "model.safetensors").read_bytes() for d in (one, two)]
         assert weights[0] == weights[1]
+    # the causal LMs' byte-level BPE tokenizers and weights alike
+    first, again = (builder.causal(tmp_path / name, lines, ("gpt2",))["gpt2"] for name in "cd")
+    for name in ("tokenizer.json", "model.safetensors"):
+        assert (first / name).read_bytes() == (again / name).read_bytes()
 
 
 @pytest.mark.parametrize("family", ["marian", "bert"])
@@ -217,22 +226,23 @@ def test_pruning_metric_is_the_task_metric_computed_by_hand(tiny, family):
     import torch.nn.functional as F
 
     from heads_lab.hf.prune import evaluate
+    from heads_lab.hf.tasks import EvalData
 
     pre = load(f"hf:{tiny[family]}")
     src, tgt = _inputs(pre)
     src, tgt = src * 2, (tgt * 2 if tgt else None)  # six sentences: three batches of two
-    key = ("dec-enc", 1) if pre.family.seq2seq else ("enc-self", 0)
-    b = hf_heads.batch(pre, src, tgt, mlm=not pre.family.seq2seq)
+    key = ("dec-enc", 1) if pre.task.references else ("enc-self", 0)
+    b = hf_heads.batch(pre, src, tgt, loss=True)
     labels = b.kwargs["labels"]
-    if not pre.family.seq2seq:
-        again = hf_heads.batch(pre, src, None, mlm=True).kwargs
+    if not pre.task.references:
+        again = hf_heads.batch(pre, src, None, loss=True).kwargs
         assert torch.equal(again["labels"], labels) and torch.equal(again["input_ids"],
                                                                      b.kwargs["input_ids"])
     with torch.no_grad(), hf_heads.masked(pre, {key: [1]}):
         logits = pre.model(**b.kwargs).logits
     real = labels != -100
     want = F.cross_entropy(logits[real], labels[real], reduction="mean").item()
-    if pre.family.seq2seq:
+    if pre.task.references:
         generate, made = pre.model.generate, []
 
         def recorded(**kwargs):  # the library's own beam search, its outputs kept
@@ -243,16 +253,17 @@ def test_pruning_metric_is_the_task_metric_computed_by_hand(tiny, family):
 
         pre.model.generate = recorded
         refs = [EN[i % 3] for i in range(len(src))]
-        row = evaluate(pre, src, tgt, refs, {key: [1]}, beam=2, batch_size=2)
+        row = evaluate(pre, EvalData(src, tgt, refs, DE * 2), {key: [1]}, beam=2, batch_size=2)
         hyps = list(made)
         assert len(hyps) == len(src)
         assert row["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score, abs=1e-9)
         assert row["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hyps, [refs]).score, abs=1e-9)
         assert row["bleu"] < 100.0
-        same = evaluate(pre, src, tgt, hyps, {key: [1]}, beam=2, batch_size=2)
+        same = evaluate(pre, EvalData(src, tgt, hyps, DE * 2), {key: [1]}, beam=2, batch_size=2)
         assert same["bleu"] == pytest.approx(100.0)  # each translation against its own sentence
     else:
-        row = evaluate(pre, src, None, None, {key: [1]}, beam=1, batch_size=len(src))
+        row = evaluate(pre, EvalData(src, None, None, EN * 2), {key: [1]}, beam=1,
+                       batch_size=len(src))
         hits = (logits.argmax(-1) == labels)[real]
         assert row["accuracy"] == pytest.approx(hits.float().mean().item(), abs=1e-12)
     assert row["tokens"] == int(real.sum())
