@@ -20,11 +20,12 @@ TransformerLens's default, counts it). heads-lab draws each sequence's tokens wi
 replacement from the tokenizer's ordinary tokens (no special token), seeded, so a token recurs
 only in the second copy and the patterns have no accidental matches.
 
-Where heads-lab departs: the **induction** score counts only the rows of the second copy (the
-queries that have an earlier copy to look back to). TransformerLens's score over all rows is
-capped near 0.5 on such sequences, since the first copy's rows have no induction target and
-still hold half the attention mass; the previous- and duplicate-token scores are over all rows,
-as TransformerLens computes them.
+Where heads-lab departs: the **duplicate-token and induction** scores count only the rows of
+the second copy (the queries that have an earlier copy to look back to). TransformerLens's
+scores over all rows are capped below 0.5 on such sequences (a perfect head scores
+L / (2L + 1)), since the first copy's rows have no target and still hold half the attention
+mass, so no head could pass a bar of 0.5; the previous-token score is over all rows, as
+TransformerLens computes it.
 
 **Attention sink** (Gu et al. 2025, "When attention sink emerges in language models"): for
 each head, α_k = (1 / (T − k)) Σ_{i ≥ k} A[i, k], the mean attention that the queries at or after
@@ -101,7 +102,7 @@ def role_scores(maps: list[np.ndarray], sequences: list[list[int]], length: int
         n = len(tokens)
         second = slice(n - length, n)  # the rows of the second copy
         out["previous_token"].append(mul_score(m, previous_pattern(n)))
-        out["duplicate_token"].append(mul_score(m, duplicate_pattern(tokens)))
+        out["duplicate_token"].append(mul_score(m, duplicate_pattern(tokens), second))
         out["induction"].append(mul_score(m, induction_pattern(tokens), second))
     return {name: np.mean(scores, axis=0) for name, scores in out.items()}
 

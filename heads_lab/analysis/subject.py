@@ -114,7 +114,7 @@ def analyze(subject: Subject, cfg) -> tuple[dict[str, Any], list[Sentence]]:
     analysis record and the sentences with their maps."""
     source = subject.source(cfg)
     check_sentences(cfg.sentences, len(source.indices))
-    check_memory(source, subject.map_heads)
+    check_memory(source, subject.map_heads, cfg)
     sentences = subject.maps(source)
     gradient = subject.gradients(source, cfg)
     probe, roles = role_probe(subject, cfg)
@@ -155,29 +155,55 @@ def role_probe(subject: Subject, cfg) -> tuple[dict[str, tuple] | None, dict[str
                              "the BOS; induction over the second copy's queries"}
 
 
-def check_memory(source: Source, heads: dict[tuple[str, int], int],
-                 share: float = 0.5) -> None:
-    """Refuses, in one line, an analysis whose maps would not fit in memory: every sentence's
-    maps are kept (layers · heads · query · key float32 per site) while the measures run. The
-    estimate is against `share` of the memory available now."""
+def free_memory() -> int | None:
+    """Bytes of memory available now (Linux's MemAvailable: free memory and what the page cache
+    would give back), None where it cannot be read."""
     try:
-        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):  # not on this system: no guard
+        return None
+
+
+def check_memory(source: Source, heads: dict[tuple[str, int], int], cfg=None,
+                 share: float = 0.5) -> None:
+    """Refuses, in one line, an analysis whose maps would not fit in memory: every analysed
+    sentence's maps are kept (layers · heads · query · key float32 per site) while the measures
+    run, and a language model's role probe's beside them (analysis.role_sequences sequences of
+    2 · analysis.role_length + 1 tokens). The estimate is against `share` of the memory
+    available now."""
+    free = free_memory()
+    if free is None:
         return
-    sides = {"src": [len(s) for s in source.split.src],
-             "tgt": [len(t) for t in source.split.tgt]}
+    picked = range(min(len(source.indices), len(source.split)))  # the first: those analysed
+    sides = {"src": [len(source.split.src[i]) + 1 for i in picked],
+             "tgt": [len(source.split.tgt[i]) + 1 for i in picked]}
     per_site: dict[str, int] = {}
     for (site, _), n in heads.items():
         per_site[site] = per_site.get(site, 0) + n
     floats = sum(n * sum(q * k for q, k in zip(sides[SITE[site].query], sides[SITE[site].key]))
                  for site, n in per_site.items())
+    if cfg is not None:
+        probe = 2 * cfg.role_length + 1
+        floats += sum(n * cfg.role_sequences * probe * probe for site, n in per_site.items()
+                      if site in language_model_sites(heads))
     need = 4 * floats
     if need > share * free:
         longest = max(sides["src"], default=0)
-        raise ConfigError(f"the attention maps of {len(sides['src']):,} sentences (up to "
-                          f"{longest:,} tokens) would take {need / 2**30:.1f} GiB, over half the "
-                          f"{free / 2**30:.1f} GiB free: analyse fewer or shorter texts "
+        raise ConfigError(f"the attention maps of {len(picked):,} sentences (up to "
+                          f"{longest:,} tokens) would take {_size(need)}, over half the "
+                          f"{_size(free)} available: analyse fewer or shorter texts "
                           "(analysis.max_sentences=..., analysis.max_tokens=...)")
+
+
+def _size(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 def sites_present(sites: list[str], total: dict[str, int]) -> list[str]:

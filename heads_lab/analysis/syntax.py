@@ -196,7 +196,9 @@ def subword_spans(tokenizer, text: str, ids: list[int]) -> list[tuple[int, int]]
     n = min(len(got), len(ids))
     if n and list(got[:n]) == list(ids[:n]):
         return list(spans[:n])
-    return piece_spans(tokenizer.pieces(ids[:len(ids) - getattr(tokenizer, "text_end", 1)]))
+    lead = tokenizer.lead(ids) if hasattr(tokenizer, "lead") else 0  # a language model's BOS
+    text = ids[lead:len(ids) - getattr(tokenizer, "text_end", 1)]
+    return [(0, 0)] * lead + piece_spans(tokenizer.pieces(text))
 
 
 @dataclass

@@ -80,14 +80,17 @@ def source(pre: Pretrained, cfg, texts: tuple[list[str], list[str] | None] | Non
 
 def fitted(pre: Pretrained, ids: list[list[int]], max_tokens: int | None,
            setting: str | None = None) -> list[list[int]]:
-    """Texts' ids cut to their first `max_tokens` (None: as they are); a text longer than the
-    model's positions is refused in one line (a ConfigError naming it and the fix)."""
-    limit = pre.positions
+    """Texts' ids cut to `max_tokens` (None: as they are): the text's first tokens and the
+    special tokens its task puts after it (a source's end token stays its end); a text longer
+    than the model's positions is refused in one line (a ConfigError naming it and the fix)."""
+    limit, end = pre.positions, pre.tokens.text_end
     if max_tokens is not None:
         if limit is not None and max_tokens > limit:
             raise ConfigError(f"{setting}={max_tokens} is over the model's {limit:,} positions: "
                               f"give {setting}={limit} or less")
-        ids = [x[:max_tokens] for x in ids]
+        # the text's first tokens, and the special tokens after it (a source's </s>, [SEP])
+        ids = [x if len(x) <= max_tokens else x[:max_tokens - end] + x[len(x) - end:]
+               for x in ids]
     if limit is not None:
         longest = max(range(len(ids)), key=lambda i: len(ids[i]), default=None)
         if longest is not None and len(ids[longest]) > limit:

@@ -162,7 +162,13 @@ class Tokens:
         keep = len(ids) - self.text_end
         if found:
             return ids[:keep], found[1][:keep]
-        return ids[:keep], piece_spans(self.pieces(ids[:keep]))
+        lead = self.lead(ids)
+        return ids[:keep], [(0, 0)] * lead + piece_spans(self.pieces(ids[lead:keep]))
+
+    def lead(self, ids: list[int]) -> int:
+        """How many of `ids` come before the text: a language model's BOS (0 for a source,
+        whose special token is after it)."""
+        return int(self.text_end == 0 and bool(ids) and ids[0] == self.bos_id)
 
     def decode(self, ids: list[list[int]]) -> list[str]:
         return self.tok.batch_decode(ids, skip_special_tokens=True)

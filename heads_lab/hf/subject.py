@@ -161,6 +161,13 @@ class PretrainedSubject:
         return hf_heads.maps(self.pre, *self._ids(source), self.device)
 
     def sequence_maps(self, ids):
+        longest, limit = max(len(x) for x in ids), self.pre.positions
+        if limit is not None and longest > limit:
+            cfg = self.run.analysis
+            raise ConfigError(f"analysis.role_length={cfg.role_length}: the role probe reads "
+                              f"{longest:,} tokens (the BOS and the sequence twice), over "
+                              f"{self.name}'s {limit:,} positions; give analysis.role_length="
+                              f"{(limit - 1) // 2} or less")
         return hf_heads.maps(self.pre, ids, None, self.device)
 
     def gradients(self, source, cfg):

@@ -48,8 +48,9 @@ def plant_previous_token_head(model, layer: int = 0, head: int = 0, period: int 
     forward: each position written into four dims of its position embedding as an angle
     a = position · 2π / period, 100 · (cos a, sin a, −cos a, −sin a), those dims emptied of the
     token embeddings and so large beside the rest that ln_1's scale is the same at every
-    position to 1e-6 (the angle one position apart moves q · k by 1e-4 of itself); the head reads the differences of the pairs (ln_1's mean cancels in them), its
-    query turning the angle one position back while its key reads it as is:
+    position to 1e-6 (the angle one position apart moves q · k by 1e-4 of itself); the head
+    reads the differences of the pairs (ln_1's mean cancels in them), its query turning the
+    angle one position back while its key reads it as is:
     q_i · k_j ∝ cos(2π (i − 1 − j) / period), largest at j = i − 1 among the keys a causal
     head sees (j ≤ i; texts shorter than the period)."""
     width = model.config.n_embd // model.config.n_head
@@ -69,6 +70,17 @@ def plant_previous_token_head(model, layer: int = 0, head: int = 0, period: int 
             attn.c_attn.weight[:, cols] = 0.0  # Conv1D: weight [in, out]
             attn.c_attn.bias[cols] = 0.0
             attn.c_attn.weight[:4, start:start + 2] = (300.0 * turn @ pairs).T
+
+
+def test_info_of_a_causal_lm_from_the_command_line(gpt2, tmp_path):
+    """`heads-lab info hf:<a GPT-2>`: its heads, key/value heads, d_k and KV cache per token,
+    as JSON and as the table (the causal path in `make test`; the rest in the slow tests)."""
+    proc = heads_lab("info", f"hf:{gpt2}", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    (row,) = json.loads(proc.stdout)
+    assert row["task"] == "lm" and row["kv_heads"] == {"lm-self": 4}
+    assert row["kv_cache_bytes_per_token"] == 2 * 2 * 4 * 16 * 4
+    assert row["flops_tokens"] == {"tokens": 128}
 
 
 @pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)

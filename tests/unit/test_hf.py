@@ -381,3 +381,18 @@ def test_a_pretrained_models_head_view_is_labelled_with_its_own_tokens(tiny):
     src, tgt = token_labels(Sentence(ids, tgt_in, {}), marian.tokens)
     assert src[-1] == "</s>" and len(src) == len(ids)
     assert tgt == marian.tokens.pieces(tgt_in) and len(tgt) == len(tgt_in)
+
+
+def test_a_cut_text_keeps_its_end_token(tiny):
+    """analysis.max_tokens keeps a source's first tokens and its end token ([SEP], </s>), so the
+    cut text is read as a whole one (its last token still the one measures leave out)."""
+    from heads_lab.hf.analysis import fitted
+
+    bert = load(f"hf:{tiny['bert']}")
+    (ids,) = bert.tokens.encode(["A man in a red hat reads a book in the park."])
+    (cut,) = fitted(bert, [ids], 5, "analysis.max_tokens")
+    assert cut == ids[:4] + ids[-1:] and bert.tokens.pieces(cut)[-1] == "[SEP]"
+    marian = load(f"hf:{tiny['marian']}")
+    (ids,) = marian.tokens.encode(DE[2:])
+    (cut,) = fitted(marian, [ids], 4, "analysis.max_tokens")
+    assert cut == ids[:3] + [1] and fitted(marian, [ids], 100, "analysis.max_tokens") == [ids]

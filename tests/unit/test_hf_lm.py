@@ -282,3 +282,59 @@ def test_a_text_longer_than_the_models_positions_is_one_line(tiny):
     assert [len(x) for x in fitted(pre, ids, 100, "analysis.max_tokens")] == [100, len(ids[1])]
     with pytest.raises(ConfigError, match="analysis.max_tokens=300 is over the model's 256"):
         fitted(pre, ids, 300, "analysis.max_tokens")
+
+
+def test_an_end_token_the_tokenizer_appends_is_scored_and_counted_as_one_byte(tiny):
+    """Bits per byte divides by the texts' UTF-8 bytes and one byte per end token scored (a
+    tokenizer that appends </s>): the same NLL as the library's loss over those ids."""
+    pre = load(f"hf:{tiny['llama']}")
+    eos = pre.tokens.tok.eos_token_id
+    src = [ids + [eos] for ids in pre.tokens.encode(TEXTS)]
+    nll, tokens = 0.0, 0
+    with torch.no_grad():
+        for ids in src:
+            x = torch.tensor([ids])
+            nll += float(pre.model(input_ids=x, labels=x).loss) * (len(ids) - 1)
+            tokens += len(ids) - 1
+    size = sum(len(t.encode("utf-8")) for t in TEXTS) + len(TEXTS)
+    row = evaluate(pre, EvalData(src, None, None, TEXTS), {}, beam=1, batch_size=4)
+    assert row["bytes"] == size and row["tokens"] == tokens
+    assert row["bits_per_byte"] == pytest.approx(nll / (math.log(2) * size), rel=1e-5)
+
+
+def test_a_role_probe_longer_than_the_models_positions_is_one_line(tiny):
+    from heads_lab.config.compose import to_object
+    from heads_lab.hf.subject import PretrainedSubject
+    from tests.conftest import compose
+
+    pre = load(f"hf:{tiny['gpt2']}")
+    run = to_object(compose(["analysis.role_length=200"]))
+    subject = PretrainedSubject(pre, run, [], "cpu")
+    with pytest.raises(ConfigError, match=r"analysis.role_length=200: the role probe reads 401 "
+                                          r"tokens .* over .* 256 positions; give "
+                                          r"analysis.role_length=127 or less"):
+        subject.sequence_maps([[1] * 401])
+
+
+def test_the_memory_guard_counts_the_sentences_analysed_and_the_probe(monkeypatch):
+    """The maps kept are those of the sentences analysed (the first of a split that may be
+    far longer) and the role probe's: a split of 10,000 long sentences analysed 5 at a time
+    passes where 4 MiB are available; the probe alone, or all 10,000, do not."""
+    from types import SimpleNamespace
+
+    from heads_lab.analysis import subject as seam
+    from heads_lab.analysis.record import Source
+    from heads_lab.data import Split
+
+    monkeypatch.setattr(seam, "free_memory", lambda: 4 * 2**20)
+    rows = [[5] * 99] * 10_000
+    split = Split(None, None, rows, [[] for _ in rows])
+    heads = {("lm-self", 0): 2, ("lm-self", 1): 2}
+    few = Source("valid", split, [], None, list(range(5)))
+    small = SimpleNamespace(role_length=5, role_sequences=2)
+    seam.check_memory(few, heads, small)  # 4 heads · 5 · 100² floats, 0.8 MB; probe tiny
+    with pytest.raises(ConfigError, match="the attention maps of 10,000 sentences"):
+        seam.check_memory(Source("valid", split, [], None, list(range(10_000))), heads, small)
+    need = 4 * (4 * 5 * 100 * 100 + 4 * 10 * 201 * 201) / 2**20  # float32: texts', probe's
+    with pytest.raises(ConfigError, match=f"would take {need:.1f} MiB, over half the 4.0 MiB"):
+        seam.check_memory(few, heads, SimpleNamespace(role_length=100, role_sequences=10))
