@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from heads_lab.data import Split, bucket, collate
 from heads_lab.model import evaluating
-from heads_lab.model.heads import SITES, HeadSet, attention_modules, gates_of, multipliers, out_kind
+from heads_lab.model.heads import ALL_SITES, HeadSet, attention_modules, gates_of, multipliers, out_kind
 from heads_lab.output.progress import steps
 
 Scores = dict[tuple[str, int, str], np.ndarray]  # (site, layer, kind) → [heads of that kind]
@@ -28,7 +28,8 @@ log = logging.getLogger(__name__)
 
 
 def importance_by_kind(model, split: Split, count: int | None, max_tokens: int, device,
-                       masked: HeadSet | None = None, sites=SITES, all_kinds: bool = True) -> Scores:
+                       masked: HeadSet | None = None, sites=ALL_SITES, all_kinds: bool = True,
+                       group: int = 1) -> Scores:
     """Mean over batches (the first `count` sentences of `split`, None: all) of |∂L/∂ξ_h|, L the
     mean NLL per target token and ξ a multiplier at 1 on each head of each kind of the modules
     in `sites` (all_kinds=False: only the kind masks and removal act on); each (module, kind)
@@ -74,6 +75,8 @@ def importance_by_kind(model, split: Split, count: int | None, max_tokens: int, 
                 grads = torch.autograd.grad(loss, [xi[k] for k in scored] + list(mixes.values()))
                 for (site, layer), g in zip(scored, grads):
                     key = (site, layer, out_kind(modules[site, layer]))
+                    if group > 1:  # one gate over a key/value group's query heads: Σ first
+                        g = g.view(-1, group).sum(-1)
                     sums[key] = sums.get(key, 0) + g.abs().double().cpu().numpy()
                 for key, g in zip(mixes, grads[len(scored):]):
                     row = (mixes[key].detach() * g).sum(dim=1)  # Σ over the row of P · ∂L/∂P
@@ -96,11 +99,14 @@ def importance_by_kind(model, split: Split, count: int | None, max_tokens: int, 
 
 
 def head_importance(model, split: Split, count: int | None, max_tokens: int, device,
-                    masked: HeadSet | None = None, sites=SITES) -> dict[tuple[str, int], np.ndarray]:
+                    masked: HeadSet | None = None, sites=ALL_SITES,
+                    group: int = 1) -> dict[tuple[str, int], np.ndarray]:
     """Importance of the heads masks and removal act on (MHA heads, talking heads' value heads),
-    by (site, layer): what iterative pruning ranks."""
+    by (site, layer): what iterative pruning ranks. With `group` > 1, of key/value groups of
+    that many query heads each: one gate ξ_g over a group, ∂L/∂ξ_g the sum of its heads' ∂L/∂ξ
+    in each batch before |·|."""
     scores = importance_by_kind(model, split, count, max_tokens, device, masked, sites,
-                                all_kinds=False)
+                                all_kinds=False, group=group)
     return {(site, layer): v for (site, layer, _), v in scores.items()}
 
 

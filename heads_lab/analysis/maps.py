@@ -67,3 +67,29 @@ def collect_maps(model, split: Split, count: int | None, device, batch_size: int
         progress.step(batch.src.shape[0])
     progress.finish()
     return out
+
+
+@torch.no_grad()
+def collect_lm_maps(model, rows: list[list[int]], device, batch_size: int = 32) -> list[Sentence]:
+    """A language model's (heads_lab.model.lm) attention maps of token sequences `rows` (BOS
+    first, read as they are): each a Sentence with src = the row, maps["lm-self"] [layers,
+    heads, n, n]."""
+    out: list[Sentence] = []
+    pad = model.pad_id
+    progress = Steps("attention maps", len(rows), log, unit="sentences")
+    for start in range(0, len(rows), batch_size):
+        part = rows[start:start + batch_size]
+        width = max(len(r) for r in part)
+        x = torch.full((len(part), width), pad, dtype=torch.long)
+        for i, r in enumerate(part):
+            x[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+        with evaluating(model), recording(model) as recorded:
+            model.decode(x.to(device), None, need_weights=True)
+        weights = [w for (site, _), w in recorded.items() if site == "lm-self"]  # layer order
+        for i, r in enumerate(part):
+            n = len(r)
+            maps = {"lm-self": np.stack([w[i, :, :n, :n].float().cpu().numpy() for w in weights])}
+            out.append(Sentence(list(r), [], maps))
+        progress.step(len(part))
+    progress.finish()
+    return out

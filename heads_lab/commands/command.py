@@ -90,9 +90,9 @@ def open_subject(spec: str | Path, verb: str, overrides: list[str]):
         from heads_lab.hf.subject import open_pretrained  # lazy: start-up time (transformers)
 
         return open_pretrained(str(spec), verb, overrides)
-    from heads_lab.subjects.trained import open_trained  # lazy: start-up time (torch)
+    from heads_lab.subjects.trained_lm import open_run_subject  # lazy: start-up time (torch)
 
-    return open_trained(Path(spec), verb, overrides)
+    return open_run_subject(Path(spec), verb, overrides)
 
 
 def accounts(specs: list[str]) -> dict:

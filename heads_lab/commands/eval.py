@@ -20,11 +20,7 @@ COMMAND = Command("eval", "evaluation", ("eval.", "trainer.precision="), __doc__
 
 
 def main(args: list[str]) -> int:
-    from heads_lab.commands.train import evaluate_on_split  # lazy: start-up time (torch)
-    from heads_lab.training.evaluate import (  # lazy: start-up time (torch)
-        MULTIREF_RECORDS,
-        multiref_metrics,
-    )
+    from heads_lab.training.tasks import task_of  # lazy: start-up time (torch)
 
     started = time.perf_counter()
     opened = open_run(COMMAND, args, average_last=None)  # eval.average_last decides
@@ -34,35 +30,22 @@ def main(args: list[str]) -> int:
     run = t.run
     out_dir = output_dir(run_dir, "evals", overrides)
     try:
-        split, ppl, scores = evaluate_on_split(run, t.model, t.corpus, t.device, out_dir, "")
+        scored = task_of(run).evaluate(run, t.model, t.corpus, t.device, out_dir, "")
     except BaseException:  # (a sacrebleu test set offline): no half-written eval dir is left
         shutil.rmtree(out_dir, ignore_errors=True)
         with contextlib.suppress(OSError):  # and evals/ itself, where it was the first
             out_dir.parent.rmdir()
         raise
-    name = run.eval.split
     result = {
         "run_dir": str(run_dir), "overrides": overrides, "checkpoints": t.checkpoints,
-        "metrics": {f"{name}/loss": ppl["loss"], f"{name}/ppl": ppl["ppl"],
-                    f"{name}/bleu": scores["bleu"], f"{name}/chrf": scores["chrf"],
-                    **multiref_metrics(name, scores)},
-        "sacrebleu": {k: scores[k] for k in ("bleu_signature", "chrf_signature", "bleu_detail",
-                                             *MULTIREF_RECORDS) if k in scores},
-        "decoding": {"split": name, "beam": run.eval.beam, "lenpen": run.eval.lenpen,
-                     "sentences": len(split)},
+        "metrics": scored.metrics, **scored.records,
         "precision": str(run.trainer.precision),  # computed in (auto: the run's own, where it can)
         "seconds": time.perf_counter() - started, "config": t.config,
     }
     write_json(out_dir / "eval.json", result)
     console.print(summary_table("heads-lab eval", [
-        ("checkpoints", ", ".join(t.checkpoints)),
-        (f"{name} PPL", f"{ppl['ppl']:.2f}"),
-        (f"{name} BLEU (beam {run.eval.beam})", f"{scores['bleu']:.2f}"),
-        (f"{name} chrF", f"{scores['chrf']:.2f}"),
-        *([(f"{name} BLEU · chrF, all references",
-            f"{scores['bleu_multiref']:.2f} · {scores['chrf_multiref']:.2f}")]
-          if "bleu_multiref" in scores else []),
-    ]))
-    console.print(f"BLEU signature: {scores['bleu_signature']}")
+        ("checkpoints", ", ".join(t.checkpoints)), *scored.rows]))
+    for line in scored.notes:
+        console.print(line)
     console.print(f"results: {out_dir / 'eval.json'}")
     return 0

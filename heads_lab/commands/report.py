@@ -40,7 +40,9 @@ from heads_lab.errors import ConfigError
 from heads_lab.output.files import ensure_writable
 from heads_lab.output.tables import plain, to_rich, wide_console, write_csv, write_markdown
 from heads_lab.output.trackers import report_to_wandb
+from heads_lab.report import lm as lm_report
 from heads_lab.report.figures import plot
+from heads_lab.report.lm import is_lm, split_of
 from heads_lab.report.rows import (
     NOT_APPLICABLE,
     SHAPE,
@@ -102,21 +104,15 @@ def main(args: list[str]) -> int:
                           "would be overwritten; write the report to another dir")
     ensure_writable(out, "--out" if opts.out else "the first dir")  # before the bootstrap
     rows, varying = group(runs)
-    split = runs[0].results["decoding"]["split"]
+    lm = is_lm(runs)  # language models: PPL and bits per byte (heads_lab/report/lm.py)
+    split = split_of(runs[0])
     # on stderr: stdout keeps the table alone; markup off, as the other consoles (paths print whole)
     status = Console(stderr=True, soft_wrap=True, markup=False)
-    status.print(f"report: {len(runs)} runs in {len(rows)} rows; p of BLEU against "
-                 f"the base row ({opts.samples} sentence draws) ...")
+    status.print(f"report: {len(runs)} runs in {len(rows)} rows; p of "
+                 f"{'bits per byte' if lm else 'BLEU'} against the base row ({opts.samples} "
+                 f"{'row' if lm else 'sentence'} draws) ...")
     started = time.monotonic()
-    tables = []  # one per data set, each with its own base row: p pairs one test set only
-    seed_p: dict[Path, str] = {}  # each run's p against the base row's run of its seed
-    for name, subset in data_sets(rows).items():
-        x, tested = comparisons(subset, runs)
-        for c in tested:
-            if c.base is not None:
-                c.seeds = significance(c.rows, c.base, split, opts.samples)
-                seed_p.update(seed_p_values(c, split, opts.samples))
-        tables.append((name, render(subset, tested, varying, split, paper_of(runs), x)))
+    tables, seed_p = _tables(rows, runs, varying, split, opts.samples, lm)
     status.print(f"report: bootstrap done in {time.monotonic() - started:.0f} s")
     console = wide_console()
     for name, table in tables:
@@ -126,9 +122,12 @@ def main(args: list[str]) -> int:
                       markup=True)
     write_markdown(out / "report.md", tables, problems)
     write_csv(out / "report.csv", [table for _, table in tables])
-    write_csv(out / "runs.csv", runs_table(rows, split, seed_p))
+    home = Path.home().resolve()
+    write_csv(out / "runs.csv", lm_report.runs_table(rows, split, lambda r: lm_report.where(
+        r, home)) if lm else runs_table(rows, split, seed_p))
     table = tables[0][1] if len(tables) == 1 else joined(tables)
-    pngs = plot(rows, varying, split, out)
+    pngs = plot(rows, varying, split, out,
+                ("bits_per_byte", "bits per byte") if lm else ("bleu", "BLEU"))
     console.print(f"report: {out / 'report.md'}, {out / 'report.csv'}, {out / 'runs.csv'}, "
                   + ", ".join(map(str, pngs)))
     if not any(p.name == "report_valid_curves.png" for p in pngs):
@@ -145,6 +144,26 @@ def main(args: list[str]) -> int:
         if where:
             console.print(f"wandb report run: {where} (upload: wandb sync {where})")
     return 0
+
+
+def _tables(rows: list[Row], runs, varying: list[str], split: str, samples: int,
+            lm: bool) -> tuple[list, dict[Path, str]]:
+    """The table of each data set, with its own base row (p pairs one test set only), and each
+    run's p against the base row's run of its seed (a translator's runs.csv)."""
+    tables, seed_p = [], {}
+    for name, subset in data_sets(rows).items():
+        x, tested = comparisons(subset, runs)
+        for c in tested:
+            if c.base is not None and lm:
+                lm_report.significance(c.rows, c.base, split, samples)
+            elif c.base is not None:
+                c.seeds = significance(c.rows, c.base, split, samples)
+                seed_p.update(seed_p_values(c, split, samples))
+        tables.append((name, lm_report.render(
+            subset, [c.base for c in tested if c.base is not None], shape_cells,
+            [n for n, _ in SHAPE], split) if lm else
+            render(subset, tested, varying, split, paper_of(runs), x)))
+    return tables, seed_p
 
 
 def render(rows: list[Row], tested: list[Comparison], varying: list[str], split: str,
@@ -231,7 +250,9 @@ def shape_cells(row: Row) -> list[str]:
     known = model_shape(c)
     shape = []
     for _, key in SHAPE:
-        if key is None:
+        if key is None and str(c.get("task")) == "lm":  # a decoder-only model's layers
+            shape.append(f"{c.get('model.layers') or c.get('model.decoder_layers')} (LM)")
+        elif key is None:
             shape.append(f"{c.get('model.encoder_layers')}+{c.get('model.decoder_layers')}")
         elif key == "model.head_dim":
             shape.append(str(row.runs[0].results.get("cost", {}).get("d_head")

@@ -21,11 +21,10 @@ from heads_lab.config.unread import unread_prune_settings, unread_train_settings
 from heads_lab.config.variants import variant
 from heads_lab.data import collate, epoch_batches, prepare, testsets, train_subset
 from heads_lab.data.cleaning import describe
-from heads_lab.data.sources import references
 from heads_lab.errors import ConfigError, DataError, finished_run
 from heads_lab.model import Transformer, admin_init, count_parameters
-from heads_lab.model.heads import gates_kept, gates_of, head_counts, install_gates, masked, parse_head_mask
-from heads_lab.output.files import ensure_writable, write_json, write_lines
+from heads_lab.model.heads import gates_kept, gates_of, install_gates
+from heads_lab.output.files import ensure_writable, write_json
 from heads_lab.output.tracking import Tracker, console, environment, short_name, summary_table
 from heads_lab.training import checkpoint
 from heads_lab.training import parallel as data_parallel
@@ -33,22 +32,15 @@ from heads_lab.training.captured import capture_on
 from heads_lab.training.checkpoint import Checkpoints, auto_precision
 from heads_lab.training.device import (
     PeakMemory,
-    autocast,
     check_precision,
     matmul_ceiling,
     resolve_device,
     resolve_precision,
 )
-from heads_lab.training.evaluate import (
-    MULTIREF_RECORDS,
-    multiref_metrics,
-    perplexity,
-    score,
-    translate,
-)
 from heads_lab.training.loop import seed_everything, train
 from heads_lab.training.runs import evaluated_best
 from heads_lab.training.stops import stop_signals
+from heads_lab.training.tasks import task_of
 
 log = logging.getLogger(__name__)
 DEFAULT_THREADS = torch.get_num_threads()  # at start-up: all cores unless OMP_NUM_THREADS says
@@ -77,7 +69,7 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
     model = _model(run, corpus, device, ranks)
     params = count_parameters(model)
     lengths = Lengths(float(train_split.src_lens.mean()), float(train_split.tgt_lens.mean()))
-    costs = account(run.model, len(corpus.tokenizer), lengths)
+    costs = account(run.model, len(corpus.tokenizer), lengths, str(run.task))
     log.info("model: %s parameters (%s, d_k %d); %.2f MFLOP per target token per training step",
              f"{params['total']:,}", _heads_text(run), run.model.d_head,
              costs["flops_per_token"]["train"] / 1e6)
@@ -104,18 +96,17 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
 
         evaluated = _evaluated_weights(run, model, run_dir, result)
         eval_started = time.perf_counter()
-        split_name = run.eval.split
-        split, ppl, scores = evaluate_on_split(run, model, corpus, device, run_dir, "")
+        scored = task_of(run).evaluate(run, model, corpus, device, run_dir, "")
         eval_s = time.perf_counter() - eval_started
 
         peak_mb = max(peak.mb(), result.peak_mem_mb)  # a resumed run: its earlier processes' too
-        metrics = _metrics(split_name, result, ppl, scores, params, costs, peak_mb, model)
+        metrics = _metrics(result, scored.metrics, params, costs, peak_mb, model)
         metrics.update(_evaluated_validation(result, evaluated))
         _gpu_mfu(metrics, costs, device, precision)
         results = {
             "status": "complete", "name": run_name, "overrides": overrides,
             "run_dir": str(run_dir), "metrics": metrics, "params": params, "cost": costs,
-            **_evaluation(run, split, scores),
+            **scored.records, "recipe": _recipe(run),
             "train": _train_record(result, run, evaluated, ranks),
             "timings": {"data_s": data_s, "train_s": result.train_seconds, "eval_s": eval_s,
                         "total_s": time.perf_counter() - started},
@@ -131,7 +122,7 @@ def run_training(run: RunConfig, config: dict[str, Any], run_dir: Path,
         tracker.stop_progress(getattr(err, "step", None))  # Preempted: where the signal stopped it
         tracker.finish(failed=True)
         raise
-    _print_summary(results, overrides, run_dir)
+    _print_summary(results, overrides, run_dir, scored)
     return results
 
 
@@ -183,26 +174,39 @@ def _stopped_by(train: dict[str, Any]) -> str:
     return f", stopped by {by}" if by in ("patience", "max_time") else ""
 
 
-def _print_summary(results: dict[str, Any], overrides: list[str], run_dir: Path) -> None:
-    console.print(summary_table("heads-lab train", _summary_rows(results)))
+def _print_summary(results: dict[str, Any], overrides: list[str], run_dir: Path,
+                   scored) -> None:
+    console.print(summary_table("heads-lab train", _summary_rows(results, scored.rows)))
     console.print(f"overrides: {' '.join(overrides) or 'none'}")
-    console.print(f"BLEU signature: {results['sacrebleu']['bleu_signature']}")
+    for line in scored.notes:
+        console.print(line)
     console.print(f"results: {run_dir / 'results.json'}")
 
 
-def _metrics(split_name: str, result, ppl, scores, params, costs, peak_mb: float,
+def _recipe(run: RunConfig) -> dict[str, Any]:
+    """How it was trained, in words results.json keeps: the task, optimiser and schedule."""
+    t = run.trainer
+    return {"task": str(run.task), "optimizer": t.optimizer, "schedule": str(t.schedule),
+            "lr": t.lr, "warmup_steps": t.warmup_steps, "min_lr": t.min_lr,
+            "weight_decay": t.weight_decay, "label_smoothing": t.label_smoothing,
+            "dropout": run.model.dropout, "clip_norm": t.clip_norm,
+            "positions": "sinusoidal (absolute)" + (
+                f", relative biases ±{run.model.relative_positions}"
+                if run.model.relative_positions else "")}
+
+
+def _metrics(result, scored: dict[str, float], params, costs, peak_mb: float,
              model) -> dict[str, float]:
-    """results.json's metrics (the keys CONTRIBUTING.md fixes) of a trained and evaluated run."""
+    """results.json's metrics (the keys CONTRIBUTING.md fixes) of a trained and evaluated run;
+    `scored`: its task's metrics of the evaluated split."""
     metrics = {
         "train/loss": result.train_loss,
         "train/tokens_per_s": result.tokens_per_s,
         "valid/loss": result.valid["loss"],
         "valid/ppl": result.valid["ppl"],
-        f"{split_name}/loss": ppl["loss"],
-        f"{split_name}/ppl": ppl["ppl"],
-        f"{split_name}/bleu": scores["bleu"],
-        f"{split_name}/chrf": scores["chrf"],
-        **multiref_metrics(split_name, scores),
+        **({"valid/bits_per_byte": result.valid["bits_per_byte"]}
+           if "bits_per_byte" in result.valid else {}),
+        **scored,
         "cost/params": params["total"],
         "cost/params_attention": params["attention"],
         "cost/params_talking_heads": params["talking_heads"],
@@ -227,25 +231,13 @@ def _gpu_mfu(metrics: dict[str, float], costs: dict[str, Any], device, precision
     metrics["cost/mfu"] = metrics["cost/train_gflops_per_s"] / costs["ceiling_gflops"]
 
 
-def _evaluation(run: RunConfig, split, scores) -> dict[str, Any]:
-    """results.json's sacrebleu signatures and what was decoded how."""
-    return {
-        "sacrebleu": {k: scores[k] for k in ("bleu_signature", "chrf_signature", "bleu_detail",
-                                             "hyp_len_ratio", *MULTIREF_RECORDS) if k in scores},
-        "decoding": {"split": run.eval.split, "beam": run.eval.beam, "lenpen": run.eval.lenpen,
-                     "sentences": len(split),
-                     "test_set": (f"sacrebleu:{run.eval.sacrebleu_test}"
-                                  if run.eval.sacrebleu_test else run.data.name)},
-    }
-
-
 def _data(run: RunConfig, run_dir: Path, main_rank: bool):
     """The run's corpus (its tokenizer copied into the run dir), every sentence within the
     model's positions, its counts logged."""
     if run.eval.sacrebleu_test:  # offline and not downloaded: said now, not after training
         testsets.fetch(run.eval.sacrebleu_test, run.data.src, run.data.tgt)
-    corpus = prepare(run.data, cache_dir(run.paths))
-    if main_rank:
+    corpus = prepare(run.data, cache_dir(run.paths), run.task)
+    if main_rank and corpus.tokenizer.path is not None:  # (data=repeats: ids, no tokenizer)
         shutil.copyfile(corpus.tokenizer.path, run_dir / "tokenizer.model")
     if run.data.train_fraction < 1:
         _subset_train(run, corpus)
@@ -256,7 +248,8 @@ def _data(run: RunConfig, run_dir: Path, main_rank: bool):
                             f"more than model.max_positions={run.model.max_positions} allows; "
                             "raise model.max_positions")
     for split in ("train", "valid", "test"):
-        log.info("data %s %s", run.data.name, describe(split, corpus.stats[split]))
+        log.info("data %s %s", run.data.name, describe(split, corpus.stats[split])
+                 if corpus.lm is None else f"{split}: {corpus.stats[split]}")
     return corpus
 
 
@@ -320,7 +313,8 @@ def _subset_train(run: RunConfig, corpus) -> None:
 def _model(run: RunConfig, corpus, device: torch.device, ranks) -> Transformer:
     """The model on its device: Admin's ω profiled on the first training batch (a resumed
     run's ω is then replaced by its checkpoint's), Hard Concrete gates for gates from scratch."""
-    model = Transformer(run.model, len(corpus.tokenizer), corpus.tokenizer.pad).to(device)
+    model = task_of(run).model_class(run.model, len(corpus.tokenizer),
+                                     corpus.tokenizer.pad).to(device)
     if run.model.init == "admin":
         train_split = corpus.splits["train"]
         first = epoch_batches(train_split, run.trainer.max_tokens, run.seed, 0)[0]
@@ -338,47 +332,15 @@ def _model(run: RunConfig, corpus, device: torch.device, ranks) -> Transformer:
     return model
 
 
-def evaluate_on_split(run: RunConfig, model: Transformer, corpus, device: torch.device,
-                      out_dir: Path, prefix: str):
-    """Perplexity, translation and sacrebleu scores on run.eval.split (or the sacrebleu test
-    set), with hyps/refs/src written to out_dir/{prefix}hyps.{split}.txt etc.
-    Returns (split, {'loss', 'ppl'}, scores)."""
-    split_name = run.eval.split
-    split = corpus.splits[split_name]
-    heads = parse_head_mask(run.eval.head_mask or "", head_counts(model))
-    if heads:  # heads zeroed for this evaluation only
-        log.info("evaluating with %d head(s) masked: %s", sum(map(len, heads.values())),
-                 run.eval.head_mask)
-    if run.eval.sacrebleu_test:
-        split = testsets.load(run.eval.sacrebleu_test, run.data.src, run.data.tgt,
-                              corpus.tokenizer, run.data.cleaning.normalize)
-    with autocast(device, run.trainer.precision), masked(model, heads):  # evaluate as trained
-        ppl = perplexity(model, split, run.trainer.max_tokens, device)
-        hyps = translate(model, split, corpus.tokenizer, run.eval, device)
-    write_lines(out_dir / f"{prefix}hyps.{split_name}.txt", hyps)
-    write_lines(out_dir / f"{prefix}refs.{split_name}.txt", split.tgt_text)
-    write_lines(out_dir / f"{prefix}src.{split_name}.txt", split.src_text)
-    try:  # the extra score never fails a finished run (e.g. the zip moved while it trained)
-        all_refs = None if run.eval.sacrebleu_test else references(run.data, split_name)
-    except DataError as err:
-        log.warning("no multi-reference score: %s", err)
-        all_refs = None
-    if all_refs is not None and [r[0] for r in all_refs] != list(split.tgt_text):
-        log.warning("the %s split's references differ from the data's: no multi-reference "
-                    "score", split_name)  # (cannot happen: both are read from one file)
-        all_refs = None
-    if all_refs is not None:  # a line per segment, its references tab-separated, its own first
-        write_lines(out_dir / f"{prefix}refs.{split_name}.all.tsv", map("\t".join, all_refs))
-    return split, ppl, score(hyps, split.tgt_text, run.eval.bleu_tokenize, all_refs)
-
-
 def _heads_text(run: RunConfig) -> str:
-    return variant(run.model, "enc-self").label(run.model)
+    return variant(run.model, "lm-self" if run.task == "lm" else "enc-self").label(run.model)
 
 
-def _summary_rows(results: dict[str, Any]) -> list[tuple[str, str]]:
-    m, split = results["metrics"], results["decoding"]["split"]
-    t = results["timings"]
+def _summary_rows(results: dict[str, Any], scored_rows) -> list[tuple[str, str]]:
+    m, t = results["metrics"], results["timings"]
+    valid = [("valid PPL", f"{m['valid/ppl']:.2f}")] + (
+        [("valid bits per byte", f"{m['valid/bits_per_byte']:.4f}")]
+        if "valid/bits_per_byte" in m else [])
     return [
         ("parameters", f"{results['params']['total']:,}"),
         ("steps (epochs)", f"{results['train']['steps']} ({results['train']['epochs']:.1f})"
@@ -387,13 +349,8 @@ def _summary_rows(results: dict[str, Any]) -> list[tuple[str, str]]:
         ("train FLOPs/token · GFLOP/s", f"{m['cost/flops_per_token'] / 1e6:.1f} M · "
                                         f"{m['cost/train_gflops_per_s']:.1f}"),
         ("peak memory", f"{m['cost/peak_mem_mb']:,.0f} MB"),
-        ("valid PPL", f"{m['valid/ppl']:.2f}"),
-        (f"{split} PPL", f"{m[f'{split}/ppl']:.2f}"),
-        (f"{split} BLEU (beam {results['decoding']['beam']})", f"{m[f'{split}/bleu']:.2f}"),
-        (f"{split} chrF", f"{m[f'{split}/chrf']:.2f}"),
-        *([(f"{split} BLEU · chrF, all references",
-            f"{m[f'{split}/bleu_multiref']:.2f} · {m[f'{split}/chrf_multiref']:.2f}")]
-          if f"{split}/bleu_multiref" in m else []),
+        *valid,
+        *scored_rows,
         (("time train (every process) / eval / total (this process)"
           if results["train"].get("resumed_from") is not None else "time train / eval / total"),
          f"{t['train_s']:.0f}s / {t['eval_s']:.0f}s / {t['total_s']:.0f}s"),

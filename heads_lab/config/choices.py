@@ -80,6 +80,19 @@ class FileFormat(Choice):
     tsv = "tsv"  # one file per split, source<TAB>target
 
 
+class TaskKind(Choice):
+    """What a model is trained for (`task=`): the names the `hf:` task kinds share."""
+
+    translate = "translate"  # an encoder-decoder translator (the default)
+    lm = "lm"  # a decoder-only causal language model
+    mlm = "mlm"  # a masked-LM encoder: analysed as hf: models, not trained here
+
+
+class Schedule(Choice):
+    inverse_sqrt = "inverse_sqrt"  # linear warm-up, then lr · sqrt(warmup / step) (Vaswani)
+    cosine = "cosine"  # linear warm-up, then a cosine down to trainer.min_lr at max_steps
+
+
 class SplitName(Choice):
     train = "train"
     valid = "valid"

@@ -237,7 +237,11 @@ def written_before(flat: dict[str, Any]) -> dict[str, Any]:
 # settings added (2026-11-26, -27) whose default is what every earlier run did, and is not None:
 # a config written before them stands for these values (so a report row and a resume match)
 ADDED_WITH_DEFAULTS = {"data.train_fraction": 1.0, "eval.checkpoint": "last",
-                       "trainer.capture": False, "trainer.pad_multiple": 1}
+                       "trainer.capture": False, "trainer.pad_multiple": 1,
+                       # (2026-12-07) language models trained here
+                       "task": "translate", "trainer.schedule": "inverse_sqrt",
+                       "trainer.min_lr": 0.1, "trainer.optimizer": "adam",
+                       "data.block_size": 256, "data.held_out": 2000, "data.seed": 0}
 
 
 def is_among(key: str, prefixes) -> bool:

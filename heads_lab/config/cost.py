@@ -102,9 +102,62 @@ def attention_activation_bytes(cfg: ModelConfig, site: str, n: float, m: float) 
     return variant(cfg, site).activation_bytes(cfg, n, m)
 
 
-def account(cfg: ModelConfig, vocab: int, lengths: Lengths | None = None) -> dict[str, object]:
-    """The whole cost account of a config at the given lengths."""
+def lm_layers(cfg: ModelConfig) -> int:
+    """A decoder-only model's layers (task=lm): model.layers, else model.decoder_layers."""
+    return cfg.layers if cfg.layers is not None else cfg.decoder_layers
+
+
+def lm_parameter_count(cfg: ModelConfig, vocab: int) -> dict[str, int]:
+    """A language model's parameters (task=lm: heads_lab.model.lm), by part: its layers'
+    causal self-attention (lm-self) and feed-forward (none at d_ff=0), their norms."""
+    d, dk, n = cfg.d_model, cfg.d_head, lm_layers(cfg)
+    v = variant(cfg, "lm-self")
+    c = v.counts(cfg)
+    projected = (c.q + c.k + c.v) * dk
+    relative = c.h * (2 * cfg.relative_positions + 1) if cfg.relative_positions else 0
+    per_layer = d * projected + projected + c.out * dk * d + d + v.mix_params(cfg) + relative
+    ffn = n * (2 * d * cfg.d_ff + cfg.d_ff + d) if cfg.d_ff > 0 else 0
+    norms = n * (2 if cfg.d_ff > 0 else 1) + (1 if cfg.norm == Norm.pre else 0)
+    counts = {"embeddings": vocab * d, "attention": n * per_layer,
+              "talking_heads": n * v.mix_params(cfg), "ffn": ffn, "norm": norms * 2 * d}
+    total = counts["embeddings"] + counts["attention"] + ffn + counts["norm"]
+    return {"total": total, **counts}
+
+
+def kv_cache_bytes(cfg: ModelConfig, task: str = "translate", dtype_bytes: int = 4) -> int:
+    """Key/value cache per token of context in `dtype_bytes` (fp32: 4): layers · (key heads +
+    value heads) · d_k · bytes, i.e. 2 · layers · kv heads · d_k · bytes for multi-head and
+    grouped-query attention (talking heads keep h_K keys and h_V values), the decoder's
+    self-attention (a language model's lm-self)."""
+    site = "lm-self" if task == "lm" else "dec-self"
+    n = lm_layers(cfg) if task == "lm" else cfg.decoder_layers
+    c = variant(cfg, site).counts(cfg)
+    return n * (c.k + c.v) * cfg.d_head * dtype_bytes
+
+
+def lm_account(cfg: ModelConfig, vocab: int, t: float) -> dict[str, object]:
+    """A language model's account at texts of `t` tokens (BOS included): forward FLOPs per token
+    over its layers, training 3×, decoding with the cache (a step attends over the prefix)."""
+    ffn = 4 * cfg.d_model * cfg.d_ff
+    n = lm_layers(cfg)
+    fwd = n * (_attention_flops(cfg, "lm-self", t, t, t) + t * ffn) + 2 * t * cfg.d_model * vocab
+    steps = int(round(t))
+    decode = sum(n * (_attention_flops(cfg, "lm-self", 1, k, 1) + ffn) + 2 * cfg.d_model * vocab
+                 for k in range(1, steps + 1))
+    return {"params": lm_parameter_count(cfg, vocab), "lengths": {"src": 0.0, "tgt": t},
+            "flops_per_token": {"train": 3 * fwd / t, "forward": fwd / t, "decode": decode / t},
+            "attention_activation_bytes": {"lm-self": attention_activation_bytes(
+                cfg, "lm-self", t, t)},
+            "kv_cache_bytes_per_token": kv_cache_bytes(cfg, "lm")}
+
+
+def account(cfg: ModelConfig, vocab: int, lengths: Lengths | None = None,
+            task: str = "translate") -> dict[str, object]:
+    """The whole cost account of a config at the given lengths (task=lm: at the target
+    length: heads_lab.config.cost.lm_account)."""
     lengths = lengths or Lengths()
+    if task == "lm":
+        return lm_account(cfg, vocab, lengths.tgt)
     s, t = lengths.src, lengths.tgt
     fwd = forward_flops(cfg, vocab, s, t)
     size = {"src": s, "tgt": t}

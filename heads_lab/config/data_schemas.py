@@ -43,6 +43,13 @@ class DataConfig:
         "seed and model (a permutation with its own fixed seed; a smaller share is a subset of "
         "a larger one), the tokenizer the full split's; results.json's data.train says how many")
     cleaning: CleaningConfig = field(default_factory=CleaningConfig)
+    # task=lm (heads_lab.data.lm): a language model's text
+    block_size: int = opt(256, "task=lm on documents (data=shakespeare): tokens per block")
+    held_out: int = opt(2000, "task=lm on one side of a corpus (data.src): sentences in each of "
+                        "valid and test, after de-duplication")
+    seed: int = opt(0, "the data's own seed, never the training seed: task=lm on one side of a "
+                    "corpus shuffles it with this before its split, so the held-out text is "
+                    "the same for every run")
 
 
 @dataclass
@@ -153,3 +160,39 @@ class SyntheticDataConfig(DataConfig):
     p_homograph: float = opt(0.0,
         "verbs spelt like a noun (\"run\"): only the context tells them apart")
     p_preverbal_adverb: float = opt(0.0, "adverbs between subject and verb (\"he often eats\")")
+
+
+@dataclass
+class ShakespeareDataConfig(DataConfig):
+    """Shakespeare's 42 works (plain text, $HEADS_LAB_DATA/shakespeare: its README gives the
+    source, licence and sha256s) for task=lm, split by work as the README says: valid =
+    julius_caesar, twelfth_night; test = hamlet, tempest; train = the other 38. Each split's works
+    are one token stream, an EOS between works, cut into blocks of data.block_size tokens."""
+
+    name: str = "shakespeare"
+    src: str = "en"
+    tgt: str = "en"
+    vocab_size: int = 4000
+    root: str | None = opt(None, "the dir holding works/ (None = $HEADS_LAB_DATA/shakespeare)")
+    valid: list[str] = field(default_factory=lambda: ["julius_caesar", "twelfth_night"],
+                             metadata={"help": "the works held out for validation"})
+    test: list[str] = field(default_factory=lambda: ["hamlet", "tempest"],
+                            metadata={"help": "the works held out for test"})
+
+
+@dataclass
+class RepeatsDataConfig(DataConfig):
+    """task=lm: random token sequences each repeated once after a random prefix, lengths
+    varying (the induction-head control, docs/analysis.md); no text, so no bits per byte."""
+
+    name: str = "repeats"
+    src: str = "tokens"
+    tgt: str = "tokens"
+    vocab_size: int = opt(64, "token ids (4 of them special)")
+    seed: int = opt(0, "fixes the sequences; not the training seed")
+    train_size: int = opt(20000, "training sequences")
+    valid_size: int = opt(200, "validation sequences")
+    test_size: int = opt(500, "test sequences")
+    min_repeat: int = opt(8, "the repeated part's shortest length")
+    max_repeat: int = opt(24, "the repeated part's longest length")
+    max_prefix: int = opt(16, "random tokens before the first copy: 0 to this many")

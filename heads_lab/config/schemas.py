@@ -26,7 +26,9 @@ from heads_lab.config.choices import (  # noqa: F401 (re-exported: config users 
     Precision,
     PruneMethod,
     Resume,
+    Schedule,
     SplitName,
+    TaskKind,
     Tokenizer,
     WandbMode,
 )
@@ -35,6 +37,8 @@ from heads_lab.config.data_schemas import (  # noqa: F401 (re-exported: the data
     DataConfig,
     HFDataConfig,
     Multi30kDataConfig,
+    RepeatsDataConfig,
+    ShakespeareDataConfig,
     SyntheticDataConfig,
     TatoebaDataConfig,
     TextFilesDataConfig,
@@ -72,10 +76,13 @@ class ModelConfig:
         "talking heads' mixes: both | logits (P_l only; needs heads_v = heads) | weights (P_w "
         "only; needs heads_k = heads); None = both")
     talking_heads_in: list[str] = field(default_factory=lambda: list(ATTENTION_SITES), metadata={
-        "help": "the sites that use talking heads (the others: mha)"})
-    d_ff: int = opt(1024, "feed-forward inner width")
+        "help": "the sites that use talking heads (the others: mha); task=lm's lm-self where "
+        "lm-self or dec-self is named"})
+    d_ff: int = opt(1024, "feed-forward inner width (task=lm: 0 = attention-only layers)")
     encoder_layers: int = opt(3, "encoder layers")
     decoder_layers: int = opt(3, "decoder layers")
+    layers: int | None = opt(None, "task=lm: the decoder-only model's layers (null = "
+                             "model.decoder_layers)")
     dropout: float = opt(0.1, "residual, embedding and FFN dropout")
     attention_dropout: float = opt(0.0, "on the attention weights")
     activation: Activation = opt(Activation.relu, "relu | gelu")
@@ -113,7 +120,13 @@ class TrainerConfig:
     update_freq: int = opt(1, "accumulate gradients over this many batches per step")
     lr: float = opt(3e-3, "peak learning rate, reached after warmup_steps")
     position_bias_lr: float | None = opt(0.05, "model.relative_positions' biases (null = lr)")
-    warmup_steps: int = opt(200, "then inverse-square-root decay")
+    warmup_steps: int = opt(200, "then the schedule's decay")
+    schedule: Schedule = opt(Schedule.inverse_sqrt, "after the warm-up: inverse_sqrt (lr · "
+                             "sqrt(warmup / step), Vaswani et al.) | cosine (down to "
+                             "trainer.min_lr · lr at trainer.max_steps)")
+    min_lr: float = opt(0.1, "schedule=cosine: the last step's learning rate, as a share of lr")
+    optimizer: str = opt("adam", "adam (weight decay added to the gradient) | adamw (decoupled "
+                         "weight decay, on the weight matrices and embeddings only)")
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.98],
                                     metadata={"help": "Adam (β1, β2)"})
     adam_eps: float = opt(1e-9, "Adam ε")
@@ -306,6 +319,8 @@ class RunConfig:
     report: ReportConfig = field(default_factory=ReportConfig)
     analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
     prune: PruneConfig = field(default_factory=PruneConfig)
+    task: TaskKind = opt(TaskKind.translate, "translate (an encoder-decoder translator) | lm (a "
+                         "decoder-only language model on one side of the data, or documents)")
     seed: int = opt(1, "the training seed: initial weights, dropout, batch order (not the data's "
                     "splits)")
     name: str = opt("train", "experiment name (wandb group when none is set)")

@@ -28,7 +28,8 @@ def _check(ok: bool, message: str) -> None:
 def validate(run: RunConfig) -> None:
     """Checks the schemas cannot express, one group at a time. Raises ConfigError naming the
     key and the fix."""
-    _check_model(run.model)
+    _check_task(run)
+    _check_model(run.model, run.task)
     _check_trainer(run.trainer)
     _check_analysis_prune(run.analysis, run.prune)
     _check_data(run.data, run.trainer, run.model)
@@ -36,8 +37,59 @@ def validate(run: RunConfig) -> None:
     _check_optimiser(run)
 
 
-def _check_model(m) -> None:
-    for key in ("d_model", "heads", "d_ff", "encoder_layers", "decoder_layers", "max_positions"):
+TRANSLATOR_DATA = ("local", "multi30k", "hf", "tatoeba", "synthetic", "wmt14", "wmt16",
+                   "iwslt2017")
+LM_DATA = ("shakespeare", "repeats")  # text for a language model only
+
+
+def _check_task(run) -> None:
+    """task=lm: settings of a translator's (cross-attention, BLEU, its sites) refused, and its
+    text's blocks within the model's positions; task=mlm is not trained here; a language
+    model's data refused for a translator. prune.sites left at its default (every translator
+    site) becomes a language model's one site, lm-self."""
+    task, m, d, e, t = run.task, run.model, run.data, run.eval, run.trainer
+    _check(task != "mlm", "task=mlm: masked-LM encoders are analysed as pretrained models "
+           "(heads-lab analyze hf:bert-base-uncased); heads-lab trains task=translate and task=lm")
+    _check(t.schedule != "cosine" or t.max_steps is not None, "trainer.schedule=cosine decays "
+           "to trainer.max_steps: set trainer.max_steps (or use schedule=inverse_sqrt)")
+    _check(t.optimizer in ("adam", "adamw"), f"trainer.optimizer={t.optimizer!r}: choose adam or "
+           "adamw")
+    _check(0.0 <= t.min_lr <= 1.0, f"trainer.min_lr={t.min_lr} must be in [0, 1] (a share of "
+           "trainer.lr)")
+    if task == "translate":
+        _check(d.name not in LM_DATA, f"data={d.name} is text for a language model: add task=lm "
+               "(a translator needs a parallel corpus, e.g. data=multi30k)")
+        return
+    sites = [s for s in run.prune.sites if s != "lm-self"]
+    _check(not sites or list(run.prune.sites) == list(ATTENTION_SITES),
+           f"prune.sites={list(run.prune.sites)}: task=lm has no {sites[0] if sites else ''} "
+           "attention (no encoder, no cross-attention); its heads are at lm-self")
+    if list(run.prune.sites) == list(ATTENTION_SITES):  # the default, every site: its own
+        run.prune.sites = ["lm-self"]
+    crossing = [s for s in ("enc-self", "dec-enc") if s in m.talking_heads_in
+                and list(m.talking_heads_in) != list(ATTENTION_SITES)]
+    _check(not crossing, f"model.talking_heads_in={list(m.talking_heads_in)}: task=lm has no "
+           f"{crossing[0] if crossing else ''} attention; name lm-self")
+    _check(not e.sacrebleu_test and not e.bleu_tokenize, "task=lm is scored by perplexity and "
+           "bits per byte, not BLEU: drop eval.sacrebleu_test / eval.bleu_tokenize")
+    _check(m.init != "admin", "model.init=admin profiles a translator's encoder and decoder: a "
+           "language model (task=lm) takes model.init=xavier")
+    if d.name == "shakespeare":
+        _check(d.block_size >= 1 and d.block_size + 1 <= m.max_positions,
+               f"data.block_size={d.block_size} needs {d.block_size + 1} positions (the BOS and "
+               f"the block), more than model.max_positions={m.max_positions}: lower the block "
+               f"or raise model.max_positions")
+    _check(d.held_out >= 1, f"data.held_out={d.held_out} must be >= 1 sentence")
+
+
+def _check_model(m, task: str = "translate") -> None:
+    keys = ("d_model", "heads", "d_ff", "encoder_layers", "decoder_layers", "max_positions")
+    if task == "lm":  # no encoder; d_ff=0: attention-only layers
+        keys = ("d_model", "heads", "max_positions")
+        _check(m.d_ff >= 0, f"model.d_ff={m.d_ff} must be >= 0 (0: attention-only layers)")
+        layers = m.layers if m.layers is not None else m.decoder_layers
+        _check(layers >= 1, f"model.layers={layers} must be a positive integer")
+    for key in keys:
         value = getattr(m, key)
         _check(value >= 1, f"model.{key}={value} must be a positive integer")
     if m.head_dim is None:
@@ -55,8 +107,8 @@ def _check_model(m) -> None:
         _check(value is None or value >= 1, f"model.{key}={value} must be a positive integer")
     problem = VARIANTS[m.attention.value].check(m)  # the variant's own fields
     _check(problem is None, problem or "")
-    unknown = [site for site in m.talking_heads_in if site not in ATTENTION_SITES]
-    _check(not unknown, f"model.talking_heads_in has {unknown}: choose from {list(ATTENTION_SITES)}")
+    unknown = [site for site in m.talking_heads_in if site not in ALL_SITES]
+    _check(not unknown, f"model.talking_heads_in has {unknown}: choose from {list(ALL_SITES)}")
     for key in ("dropout", "attention_dropout"):
         value = getattr(m, key)
         _check(0.0 <= value < 1.0, f"model.{key}={value} must be in [0, 1)")

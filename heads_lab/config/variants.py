@@ -205,9 +205,12 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (MultiHead(), TalkingHeads())
 
 def variant(cfg, site: str) -> Variant:
     """The variant of a ModelConfig at `site` (model.attention, where model.talking_heads_in
-    names the site; multi-head attention elsewhere)."""
+    names the site; multi-head attention elsewhere). A language model's lm-self is a decoder's
+    self-attention: named by lm-self or by dec-self (so the default list, every translator
+    site, gives a talking-heads LM talking heads too)."""
     name = getattr(cfg.attention, "value", cfg.attention)
-    if name != "mha" and site not in cfg.talking_heads_in:
+    named = site in cfg.talking_heads_in or (site == "lm-self" and "dec-self" in cfg.talking_heads_in)
+    if name != "mha" and not named:
         return VARIANTS["mha"]
     return VARIANTS[name]
 

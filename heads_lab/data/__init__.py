@@ -14,6 +14,7 @@ from heads_lab.config.schemas import DataConfig, SyntheticDataConfig
 from heads_lab.data.batching import Batch, Split, bucket, collate, epoch_batches
 from heads_lab.data.cleaning import keep_encoded, summary
 from heads_lab.data.corpus import load_or_build
+from heads_lab.data.lm import prepare_lm
 from heads_lab.data.synthetic import generate
 from heads_lab.data.tokenizer import Tokenizer, train_or_load
 from heads_lab.errors import DataError
@@ -30,6 +31,7 @@ class Corpus:
     splits: dict[str, Split]
     stats: dict[str, Any] = field(default_factory=dict)  # pairs read / dropped / kept per split
     annotations: dict[str, list] = field(default_factory=dict)  # synthetic: Pair objects by split
+    lm: str | None = None  # a language model's text: documents | sentences | repeats
 
 
 SUBSET_SEED = 20261126  # the training subsets' own permutation: the same for every run
@@ -47,14 +49,19 @@ def train_subset(split: Split, fraction: float) -> tuple[Split, np.ndarray]:
         return None if items is None else [items[i] for i in chosen]
 
     return Split(pick(split.src_text), pick(split.tgt_text), pick(split.src),
-                 pick(split.tgt)), chosen
+                 pick(split.tgt), split.open_end,
+                 None if split.bytes is None else split.bytes[chosen], pick(split.repeats)), chosen
 
 
-def prepare(cfg: DataConfig, cache_root: Path) -> Corpus:
+def prepare(cfg: DataConfig, cache_root: Path, task: str = "translate") -> Corpus:
     """The encoded corpus of `cfg`: real sources through the streamed, cached pipeline
     (heads_lab.data.corpus); the synthetic pair is generated and encoded in memory (it is small
     and fast, and its annotations are needed too). Training pairs failing the subword filters
-    are dropped; every split's counts are in `stats`."""
+    are dropped; every split's counts are in `stats`. With task=lm, a language model's text:
+    documents, one side's sentences or repeats (heads_lab.data.lm; `lm` says which kind)."""
+    if task == "lm":
+        text = prepare_lm(cfg, cache_root)
+        return Corpus(text.tokenizer, text.splits, text.stats, lm=text.kind)
     if not isinstance(cfg, SyntheticDataConfig):
         tokenizer, splits, stats = load_or_build(cfg, cache_root)
         return Corpus(tokenizer, splits, {**stats, "vocab_size": len(tokenizer)})

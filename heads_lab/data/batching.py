@@ -39,12 +39,17 @@ class TokenArray:
 @dataclass
 class Split:
     """One split: its texts (held-out splits; None for a cached training split) and subword ids
-    without BOS/EOS, as TokenArrays (lists of id arrays are converted)."""
+    without BOS/EOS, as TokenArrays (lists of id arrays are converted). `open_end`: each target
+    row is a block cut from a longer text (a language model's documents), so nothing is
+    predicted after its last token (no EOS there: the text goes on in the next block)."""
 
     src_text: list[str] | None
     tgt_text: list[str] | None
     src: TokenArray
     tgt: TokenArray
+    open_end: bool = False
+    bytes: np.ndarray | None = None  # a language model's text: each row's scored UTF-8 bytes
+    repeats: list | None = None  # data=repeats: each row's (prefix length, repeated length)
 
     def __post_init__(self) -> None:
         if not isinstance(self.src, TokenArray):
@@ -54,13 +59,16 @@ class Split:
         # lengths with the EOS (source) or BOS/EOS (target) position each side gets
         self.src_lens = self.src.lengths + 1
         self.tgt_lens = self.tgt.lengths + 1
+        # the target tokens scored: the text and its EOS (a block: the text only)
+        self.scored_lens = self.tgt.lengths + (0 if self.open_end else 1)
 
     def __len__(self) -> int:
         return len(self.src)
 
     def target_tokens(self) -> int:
-        """Target tokens including EOS: what perplexity and tokens/s count."""
-        return int(self.tgt_lens.sum())
+        """Target tokens scored, EOS included where there is one: what perplexity and tokens/s
+        count."""
+        return int(self.scored_lens.sum())
 
 
 @dataclass
@@ -112,10 +120,11 @@ def collate(split: Split, ids: np.ndarray) -> Batch:
     src_arr = np.full((len(ids), s_len), PAD, dtype=np.int64)
     tgt_in = np.full((len(ids), t_len), PAD, dtype=np.int64)
     tgt_out = np.full((len(ids), t_len), PAD, dtype=np.int64)
+    end = PAD if split.open_end else EOS  # a block's end predicts nothing (padding)
     for row, (s, t) in enumerate(zip(src, tgt)):
         src_arr[row, : len(s)], src_arr[row, len(s)] = s, EOS
         tgt_in[row, 0], tgt_in[row, 1 : len(t) + 1] = BOS, t
-        tgt_out[row, : len(t)], tgt_out[row, len(t)] = t, EOS
+        tgt_out[row, : len(t)], tgt_out[row, len(t)] = t, end
     return Batch(ids, torch.from_numpy(src_arr), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out))
 
 

@@ -2,6 +2,7 @@
 
 from heads_lab.model.attention import Attention, MultiHeadAttention, TalkingHeadsAttention
 from heads_lab.model.kernels import reorder_cache
+from heads_lab.model.lm import LanguageModel
 from heads_lab.model.loss import label_smoothed_loss, output_loss
 from heads_lab.model.transformer import (
     Encoded,
@@ -14,6 +15,7 @@ from heads_lab.model.transformer import (
 __all__ = [
     "Attention",
     "Encoded",
+    "LanguageModel",
     "MultiHeadAttention",
     "TalkingHeadsAttention",
     "Transformer",

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import Tensor, nn
 
-from heads_lab.config.sites import SITES, HeadSet, format_heads, parse_head_mask  # noqa: F401 (re-export)
+from heads_lab.config.sites import ALL_SITES, SITES, HeadSet, format_heads, parse_head_mask  # noqa: F401 (re-export)
 from heads_lab.config.variants import VARIANTS
 from heads_lab.errors import ConfigError
 from heads_lab.model.attention import Attention
@@ -38,7 +38,8 @@ KIND_NAMES = {"head": "heads", "qk": "query/key heads (h_K)", "softmax": "softma
 
 
 def attention_modules(model: nn.Module) -> dict[tuple[str, int], Attention]:
-    """Every attention module of a Transformer by (site, layer), in the order of SITES."""
+    """Every attention module of a Transformer by (site, layer), in the order of SITES; a
+    language model's (heads_lab.model.lm) at lm-self."""
     out: dict[tuple[str, int], Attention] = {}
     for i, layer in enumerate(model.encoder):
         out[("enc-self", i)] = layer.self_attn
@@ -46,6 +47,8 @@ def attention_modules(model: nn.Module) -> dict[tuple[str, int], Attention]:
         out[("dec-self", i)] = layer.self_attn
     for i, layer in enumerate(model.decoder):
         out[("dec-enc", i)] = layer.cross_attn
+    for i, layer in enumerate(getattr(model, "layers", ())):
+        out[("lm-self", i)] = layer.self_attn
     return out
 
 
@@ -72,8 +75,9 @@ def head_counts(model: nn.Module) -> dict[tuple[str, int], int]:
 
 def count_heads(model: nn.Module) -> dict[str, int]:
     """Heads per site (of the out kind), e.g. {"enc-self": 24, ...}."""
-    out = dict.fromkeys(SITES, 0)
-    for (site, _), module in attention_modules(model).items():
+    modules = attention_modules(model)
+    out = dict.fromkeys(SITES if not any(s == "lm-self" for s, _ in modules) else ("lm-self",), 0)
+    for (site, _), module in modules.items():
         out[site] += module.out_heads
     return out
 
@@ -118,7 +122,7 @@ def masked(model: nn.Module, heads: HeadSet | None) -> Iterator[None]:
 
 @contextlib.contextmanager
 def multipliers(model: nn.Module, masked_heads: HeadSet | None = None,
-                sites=SITES) -> Iterator[dict[tuple[str, int], Tensor]]:
+                sites=ALL_SITES) -> Iterator[dict[tuple[str, int], Tensor]]:
     """ξ per (site, layer): ones (zeros for `masked_heads`) multiplying the out-kind heads'
     outputs, requiring grad for the modules in `sites`, so ∂L/∂ξ is each head's importance."""
     xi: dict[tuple[str, int], Tensor] = {}
@@ -230,7 +234,7 @@ class HardConcreteGates(nn.Module):
     For the trainer it is an extra loss term: `loss()` (λ · penalty), `metrics()` and
     `param_groups()` (log α's own learning rate)."""
 
-    def __init__(self, model: nn.Module, sites: tuple[str, ...] = SITES, temperature: float = 0.33,
+    def __init__(self, model: nn.Module, sites: tuple[str, ...] = ALL_SITES, temperature: float = 0.33,
                  stretch: tuple[float, float] = (-0.1, 1.1), init_keep: float = 0.9,
                  l0_lambda: float = 0.0, lr: float | None = None, rule: str = "voita"):
         super().__init__()

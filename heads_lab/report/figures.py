@@ -47,9 +47,12 @@ def curves(rows: list, varying: list[str]) -> tuple[str | None, dict[str, list[i
     return x_key, lines
 
 
-def plot(rows: list, varying: list[str], split: str, out: Path) -> list[Path]:
-    """BLEU and PPL against the swept setting (numeric when one numeric setting varies, a line per
-    value of the others), and BLEU against training tokens/s; error bars are the std over seeds."""
+def plot(rows: list, varying: list[str], split: str, out: Path,
+         quality: tuple[str, str] = ("bleu", "BLEU")) -> list[Path]:
+    """BLEU (or `quality`: a language model's bits per byte) and PPL against the swept setting
+    (numeric when one numeric setting varies, a line per value of the others), and BLEU against
+    training tokens/s; error bars are the std over seeds."""
+    key, label = quality
     import matplotlib  # lazy: start-up time (matplotlib), as in every figure module
 
     matplotlib.use("Agg")
@@ -65,7 +68,7 @@ def plot(rows: list, varying: list[str], split: str, out: Path) -> list[Path]:
     numeric = x_key is not None
     xs = [row.runs[0].config.get(x_key) for row in rows] if numeric else list(range(len(rows)))
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, metric, name in ((axes[0], f"{split}/bleu", f"{split} BLEU"),
+    for ax, metric, name in ((axes[0], f"{split}/{key}", f"{split} {label}"),
                              (axes[1], "valid/ppl", "valid PPL")):
         mean, std = series(metric)
         ax.set_title(f"{name} (mean ± std over seeds)", fontsize=10)
@@ -108,15 +111,15 @@ def plot(rows: list, varying: list[str], split: str, out: Path) -> list[Path]:
     if all(math.isnan(x) for x in speed):  # e.g. pruned models (heads-lab prune): their size
         speed, speed_std = series("cost/params")
         cost_name = "parameters"
-    bleu, bleu_std = series(f"{split}/bleu")
+    bleu, bleu_std = series(f"{split}/{key}")
     ax.errorbar(speed, bleu, yerr=bleu_std, xerr=speed_std, fmt="o", capsize=3)
     for row, x, y in zip(rows, speed, bleu):
         ax.annotate(wrapped(row.label), (x, y), fontsize=7, xytext=(3, 3),
                     textcoords="offset points")
     ax.set_xlabel(cost_name)
-    ax.set_ylabel(f"{split} BLEU")
+    ax.set_ylabel(f"{split} {label}")
     ax.grid(alpha=0.3)
-    ax.set_title(f"{split} BLEU against {cost_name}", fontsize=10)
+    ax.set_title(f"{split} {label} against {cost_name}", fontsize=10)
     tight(fig)
     inside(ax)
     second = out / "report_quality_vs_cost.png"

@@ -36,6 +36,8 @@ def read(path: Path) -> list[dict[str, Any]]:
     header = list(lines[0]) if lines else []
     split = next((c[:-len(" BLEU")] for c in header if c.endswith(" BLEU")
                   and not c.startswith("multiref")), None)
+    split = split or next((c[:-len(" bits/byte")] for c in header  # a language model's
+                           if c.endswith(" bits/byte") and not c.startswith("valid")), None)
     if CONFIG not in header or split is None:
         raise DataError(f"{path} is not a runs.csv with a '{CONFIG}' column (a heads-lab report "
                         "writes one beside report.md; an older one lacks it): report the run "
@@ -76,6 +78,8 @@ def _run(path: Path, lineno: int, line: dict[str, str], split: str) -> dict[str,
         ("valid/ppl", "valid PPL"), (f"{split}/bleu", f"{split} BLEU"),
         (f"{split}/chrf", f"{split} chrF"), (f"{split}/bleu_multiref", f"multiref {split} BLEU"),
         (f"{split}/chrf_multiref", f"multiref {split} chrF"),
+        ("valid/bits_per_byte", "valid bits/byte"), (f"{split}/ppl", f"{split} PPL"),
+        (f"{split}/bits_per_byte", f"{split} bits/byte"),
         ("train/tokens_per_s", "tok/s"), ("cost/peak_mem_mb", "peak MB"),
         ("cost/params", "params"))}
     metrics = {k: v for k, v in metrics.items() if v is not None}
@@ -86,7 +90,9 @@ def _run(path: Path, lineno: int, line: dict[str, str], split: str) -> dict[str,
              "max_time": config.get("trainer.max_time"),
              "evaluated": {"checkpoint": checkpoint,
                            "step": best if checkpoint == "best" else whole("steps")}}
+    kv = whole("kv cache B/token")
     results = {"status": "complete", "decoding": {"split": split}, "train": train,
+               **({"cost": {"kv_cache_bytes_per_token": kv}} if kv is not None else {}),
                "data": {"train": {"kept": whole("train pairs")}}, "overrides": overrides,
                "precision": line.get("precision") or None, "device": line.get("device") or None,
                "env": {"cpu": line.get("cpu") or None,

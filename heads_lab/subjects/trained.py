@@ -21,7 +21,7 @@ from heads_lab.analysis.maps import collect_maps
 from heads_lab.analysis.measures import GRADIENT_MEASURES
 from heads_lab.analysis.pruning import write_tables
 from heads_lab.analysis.record import load_source
-from heads_lab.config.sites import KEPT_COLUMNS, SITES
+from heads_lab.config.sites import ALL_SITES, KEPT_COLUMNS, SITES
 from heads_lab.config.variants import variant
 from heads_lab.errors import ConfigError
 from heads_lab.output.files import write_json, write_lines
@@ -114,7 +114,7 @@ class TrainedSubject:
                         "penalty (the control run for a λ sweep)")
         self.remove = all(variant(run.model, s).removable(run.model)
                           for s in (SITES if p.method == "gates" else
-                                    [x for x in p.sites if x in SITES]))
+                                    [x for x in p.sites if x in ALL_SITES]))
         if not self.remove:
             kind = getattr(run.model.attention, "value", run.model.attention)
             what = ("talking-heads attention" if kind == "talking_heads" else
@@ -184,7 +184,9 @@ def _head(split, n: int | None):
     n = len(split) if n is None else min(n, len(split))
     return Split(split.src_text[:n] if split.src_text else None,
                  split.tgt_text[:n] if split.tgt_text else None,
-                 [split.src[i] for i in range(n)], [split.tgt[i] for i in range(n)])
+                 [split.src[i] for i in range(n)], [split.tgt[i] for i in range(n)],
+                 split.open_end, None if split.bytes is None else split.bytes[:n],
+                 split.repeats[:n] if split.repeats else None)
 
 
 FORWARD_REPEATS = 3

@@ -26,7 +26,8 @@ from heads_lab.training.captured import CapturedLoss, capture_on, pad_batch
 from heads_lab.training.checkpoint import Checkpoints
 from heads_lab.training.device import autocast
 from heads_lab.training.evaluate import perplexity
-from heads_lab.training.optim import adam, inverse_sqrt
+from heads_lab.training.language import lm_perplexity
+from heads_lab.training.optim import optimizer, schedule
 from heads_lab.training.parallel import Parallel, is_peer_failure
 from heads_lab.training.state import (
     Diverged,
@@ -95,9 +96,8 @@ class Trainer:
                          if capture else None)
         if cfg.compile and not capture:
             self.net = torch.compile(self.net, dynamic=True)
-        self.opt = adam(model, cfg.lr, tuple(cfg.adam_betas), cfg.adam_eps, cfg.weight_decay,
-                        cfg.position_bias_lr, extra)
-        factor = inverse_sqrt(cfg.warmup_steps)  # LambdaLR counts from 0 before the 1st update
+        self.opt = optimizer(model, cfg, extra)
+        factor = schedule(cfg)  # LambdaLR counts from 0 before the 1st update
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda done: factor(done + 1))
         self.max_steps = cfg.max_steps if cfg.max_steps is not None else math.inf
         self.max_epochs = cfg.max_epochs if cfg.max_epochs is not None else math.inf
@@ -130,9 +130,12 @@ class Trainer:
     def validate(self) -> bool:
         """Validate; True when this is the best validation loss so far."""
         p = self.p
+        score = lm_perplexity if getattr(self.model, "task", None) == "lm" else perplexity
         with autocast(self.device, self.cfg.precision):
-            p.valid = perplexity(self.model, self.valid_split, self.cfg.max_tokens, self.device)
+            p.valid = score(self.model, self.valid_split, self.cfg.max_tokens, self.device)
         metrics = {"valid/loss": p.valid["loss"], "valid/ppl": p.valid["ppl"]}
+        if "bits_per_byte" in p.valid:  # a language model's text
+            metrics["valid/bits_per_byte"] = p.valid["bits_per_byte"]
         p.history.append({"step": p.step, **metrics})
         self.on_log(p.step, metrics)
         if p.valid["loss"] < p.best_valid:
@@ -178,7 +181,7 @@ class Trainer:
         # (a short last group) runs a batch with weight 0, so every rank all-reduces once
         mine, weight = ((group[self.rank::world], 1.0) if self.rank < len(group)
                         else (group[:1], 0.0))
-        n_tokens = int(sum(self.train_split.tgt_lens[ids].sum() for ids in group))  # all ranks
+        n_tokens = int(sum(self.train_split.scored_lens[ids].sum() for ids in group))  # all ranks
         losses = torch.zeros(2, dtype=torch.float64, device=self.device)
         for i, ids in enumerate(mine):
             batch = pad_batch(collate(self.train_split, ids), cfg.pad_multiple)

@@ -134,12 +134,12 @@ def load(run_dir: Path, overrides: list[str], average_last: int | None = 1,
     setting, with `auto` the precision the run trained in (`_read_back_precision`)."""
     import torch  # lazy: start-up time (torch)
 
-    from heads_lab.model import Transformer  # lazy: start-up time (torch)
     from heads_lab.model.heads import install_gates  # lazy: start-up time (torch)
     from heads_lab.training import checkpoint  # lazy: start-up time (torch)
 
     # lazy: start-up time (torch)
     from heads_lab.training.device import check_precision, resolve_device, resolve_precision
+    from heads_lab.training.tasks import task_of  # lazy: start-up time (torch)
 
     cfg, run = compose_run(run_dir, overrides)
     average_last = run.eval.average_last if average_last is None else average_last
@@ -183,7 +183,7 @@ def load(run_dir: Path, overrides: list[str], average_last: int | None = 1,
         precision = _read_back_precision(trained or _results_precision(run_dir), precision)
     run.trainer.precision = type(run.trainer.precision)(precision)
     corpus = _corpus(run, run_dir)
-    model = Transformer(run.model, len(corpus.tokenizer), corpus.tokenizer.pad)
+    model = task_of(run).model_class(run.model, len(corpus.tokenizer), corpus.tokenizer.pad)
     if any(k.startswith("gates.") for k in states[0]):
         install_gates(model, run.prune)
     model.load_state_dict(average(states))
@@ -221,7 +221,7 @@ def _corpus(run, run_dir: Path):
     from heads_lab.data import prepare  # lazy: start-up time (torch)
 
     try:
-        return prepare(run.data, cache_dir(run.paths))
+        return prepare(run.data, cache_dir(run.paths), run.task)
     except DataError as err:
         moved = ("; if the files moved, say where they are now: add data.root=<their dir> (or "
                  "set HEADS_LAB_DATA) to this command." if "missing" in str(err)
