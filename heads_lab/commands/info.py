@@ -121,7 +121,7 @@ def _account_column(label: str, run, lengths: Lengths | None = None):
     """(label, model config, account) at `lengths` (default: cost.src_len, cost.tgt_len); the
     parameters include Hard Concrete gates trained from scratch (prune.l0_lambda > 0)."""
     acct = account(run.model, run.data.vocab_size,
-                   lengths or Lengths(run.cost.src_len, run.cost.tgt_len))
+                   lengths or Lengths(run.cost.src_len, run.cost.tgt_len), str(run.task))
     gates = gate_parameters(run.model, run.prune.sites) if run.prune.l0_lambda > 0 else 0
     if gates:
         acct["params"] = {**acct["params"], "head_gates": gates,

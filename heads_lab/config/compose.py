@@ -241,7 +241,8 @@ ADDED_WITH_DEFAULTS = {"data.train_fraction": 1.0, "eval.checkpoint": "last",
                        # (2026-12-07) language models trained here
                        "task": "translate", "trainer.schedule": "inverse_sqrt",
                        "trainer.min_lr": 0.1, "trainer.optimizer": "adam",
-                       "data.block_size": 256, "data.held_out": 2000, "data.seed": 0}
+                       "data.block_size": 256, "data.held_out": 2000, "data.seed": 0,
+                       "model.positions": "sinusoidal"}
 
 
 def is_among(key: str, prefixes) -> bool:

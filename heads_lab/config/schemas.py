@@ -92,7 +92,10 @@ class ModelConfig:
     max_positions: int = opt(1024, "longest sequence (sinusoidal position table)")
     relative_positions: int = opt(0,
         "Self-attention: a learned bias per head and relative offset, clipped to ±K (0 = off; the "
-        "sinusoidal absolute positions stay either way)")
+        "sinusoidal absolute positions stay unless model.positions=none)")
+    positions: str = opt("sinusoidal", "absolute positions added to the embeddings: sinusoidal "
+                         "(Vaswani et al.) | none (a causal model's order then comes from its "
+                         "mask and model.relative_positions' biases only)")
 
     @property
     def d_head(self) -> int:

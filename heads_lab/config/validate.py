@@ -102,6 +102,10 @@ def _check_model(m, task: str = "translate") -> None:
         _check(m.head_dim >= 1, f"model.head_dim={m.head_dim} must be a positive integer")
     _check(m.relative_positions >= 0, f"model.relative_positions={m.relative_positions} must be "
            "0 (off) or the largest relative offset K that gets its own bias")
+    _check(m.positions in ("sinusoidal", "none"), f"model.positions={m.positions!r}: choose "
+           "sinusoidal or none")
+    _check(m.positions != "none" or task == "lm", "model.positions=none: an encoder has no "
+           "order without positions; it is for a causal language model (task=lm)")
     for key in ("heads_k", "heads_v", "kv_heads"):
         value = getattr(m, key)
         _check(value is None or value >= 1, f"model.{key}={value} must be a positive integer")

@@ -149,7 +149,8 @@ class Transformer(nn.Module):
     def embed_tokens(self, tokens: Tensor, offset: int = 0) -> Tensor:
         # tokens [batch, len] → [batch, len, d_model]
         x = self.embed(tokens) * math.sqrt(self.cfg.d_model)
-        x = x + self.positions[offset : offset + tokens.shape[1]]
+        if getattr(self.cfg, "positions", "sinusoidal") != "none":
+            x = x + self.positions[offset : offset + tokens.shape[1]]
         return dropout(x, self.cfg.dropout, self.training)
 
     def encode(self, src: Tensor, need_weights: bool = False) -> Encoded:

@@ -271,15 +271,22 @@ def cost_table(columns: list[tuple[str, Any, dict]]) -> Table:
                        ).label(cfg)
 
     def act(site):
-        return lambda cfg, a: f"{a['attention_activation_bytes'][site] / 1024:.1f} KiB"
+        return lambda cfg, a: (f"{a['attention_activation_bytes'][site] / 1024:.1f} KiB"
+                               if site in a["attention_activation_bytes"] else "–")
 
+    def layers(cfg, a) -> str:  # a language model (its account has a KV cache) or a translator
+        if "kv_cache_bytes_per_token" in a:
+            return f"{cfg.layers if cfg.layers is not None else cfg.decoder_layers} (LM)"
+        return f"{cfg.encoder_layers} + {cfg.decoder_layers}"
+
+    lm = [a for _, _, a in columns if "kv_cache_bytes_per_token" in a]
     row("attention", lambda cfg, _: cfg.attention.value + (
         f" in {','.join(cfg.talking_heads_in)}" if cfg.attention.value == "talking_heads"
         and len(cfg.talking_heads_in) < 3 else ""))
     row("heads", heads)
     row("d_k = d_v", lambda cfg, _: str(cfg.d_head))
     row("d_model · d_ff", lambda cfg, _: f"{cfg.d_model} · {cfg.d_ff}")
-    row("layers enc + dec", lambda cfg, _: f"{cfg.encoder_layers} + {cfg.decoder_layers}")
+    row("layers" if lm else "layers enc + dec", layers)
     row("parameters", lambda _, a: f"{a['params']['total']:,}")
     row("  embeddings (tied)", lambda _, a: f"{a['params']['embeddings']:,}")
     row("  attention", lambda _, a: f"{a['params']['attention']:,}")
@@ -289,7 +296,11 @@ def cost_table(columns: list[tuple[str, Any, dict]]) -> Table:
         row("  head gates (log α)", lambda _, a: f"{a['params'].get('head_gates', 0):,}")
     row("FLOPs/token train", lambda _, a: _si(a["flops_per_token"]["train"]))
     row("FLOPs/token decode", lambda _, a: _si(a["flops_per_token"]["decode"]))
-    for site in SITES:
+    if lm:  # language models: the cache grouped-query attention shrinks
+        row("KV cache bytes/token (fp32)", lambda _, a: f"{a['kv_cache_bytes_per_token']:,}"
+            if "kv_cache_bytes_per_token" in a else "–")
+    shown = SITES if not lm else ("lm-self",) if len(lm) == len(columns) else (*SITES, "lm-self")
+    for site in shown:
         row(f"n·m memory {site}", act(site))
     lengths = {(a["lengths"]["src"], a["lengths"]["tgt"]) for _, _, a in columns}
     at = (f"at source {next(iter(lengths))[0]:g} / target {next(iter(lengths))[1]:g} tokens"

@@ -109,3 +109,56 @@ def test_a_language_model_run_is_analysed_and_pruned(lm_run):
     assert all(r["bits_per_byte"] > 0 for r in curve)
     _assert_one_line_error(heads_lab("prune", str(lm_run), "method=gates", cwd=lm_run),
                            "use method=importance")
+
+
+@pytest.mark.slow
+@pytest.mark.serial  # a kill: alone in `make test-slow`
+def test_a_language_model_killed_and_resumed_gives_the_uninterrupted_numbers(lm_run, tmp_path):
+    """The trainer is the translator's: SIGKILL after a checkpoint, the same command again,
+    and every number equals the uninterrupted run's (which made lm_run: the same config)."""
+    import os
+    import signal
+    import subprocess
+
+    from tests.integration.test_cli import EXE
+    from tests.integration.test_resume import _wait_for_checkpoint
+
+    args = [EXE, "train", *LM, "trainer.save_every=4", "trainer.keep_last=3",
+            f"hydra.run.dir={tmp_path / 'run'}"]
+    proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    _wait_for_checkpoint(tmp_path / "run", proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    again = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    resumed = json.loads((tmp_path / "run" / "results.json").read_text())
+    first = json.loads((lm_run / "results.json").read_text())
+    assert resumed["train"]["resumed_from"] is not None
+    for key in ("train/loss", "valid/bits_per_byte", "test/ppl", "test/bits_per_byte"):
+        assert resumed["metrics"][key] == first["metrics"][key], key
+
+
+@pytest.mark.slow  # two processes: `make test-slow`
+def test_a_language_model_trains_data_parallel_as_one_process_does(tmp_path):
+    """torchrun with 2 CPU processes against one process with the same global batch: the same
+    tokens and the same validation losses (the trainer is shared)."""
+    import os
+    import subprocess
+    import sys
+
+    run = [*LM, "trainer.max_steps=6", "trainer.valid_every=3"]
+    one = heads_lab("train", *run, "trainer.update_freq=2", f"hydra.run.dir={tmp_path / 'one'}",
+                    cwd=tmp_path)
+    assert one.returncode == 0, one.stderr
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc_per_node=2", "-m", "heads_lab", "train", *run,
+                           f"hydra.run.dir={tmp_path / 'two'}"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    a = json.loads((tmp_path / "one" / "results.json").read_text())
+    b = json.loads((tmp_path / "two" / "results.json").read_text())
+    assert b["train"]["data_parallel"] == 2 and a["train"]["tokens"] == b["train"]["tokens"]
+    for x, y in zip(a["train"]["valid_history"], b["train"]["valid_history"], strict=True):
+        assert x["valid/bits_per_byte"] == pytest.approx(y["valid/bits_per_byte"], rel=1e-4)

@@ -141,12 +141,13 @@ def test_a_config_written_before_new_settings_stands_for_their_old_behaviour():
     added = {"data.train_fraction": 1.0, "eval.checkpoint": "last", "trainer.capture": False,
              "trainer.pad_multiple": 1, "task": "translate", "trainer.schedule": "inverse_sqrt",
              "trainer.min_lr": 0.1, "trainer.optimizer": "adam", "data.block_size": 256,
-             "data.held_out": 2000, "data.seed": 0}
+             "data.held_out": 2000, "data.seed": 0, "model.positions": "sinusoidal"}
     assert written_before(old) == added  # each as every run before it did
     new = {**old, "data.train_fraction": 0.1, "eval.checkpoint": "best",
            "trainer.capture": True, "trainer.pad_multiple": 8, "task": "lm",
            "trainer.schedule": "cosine", "trainer.min_lr": 0.0, "trainer.optimizer": "adamw",
-           "data.block_size": 128, "data.held_out": 10, "data.seed": 3}
+           "data.block_size": 128, "data.held_out": 10, "data.seed": 3,
+           "model.positions": "none"}
     assert written_before(new) == {}  # present keys are never overridden
     talking = {"model.attention": "talking_heads", "model.heads": 4, "model.heads_v": 8}
     assert written_before(talking)["model.mix_init"] == "identity"

@@ -242,3 +242,20 @@ def test_a_task_or_data_the_other_task_needs_is_one_line():
         validate(to_object(compose(["task=mlm"])))
     with pytest.raises(ConfigError, match="data=shakespeare is text for a language model"):
         validate(to_object(compose(["data=shakespeare"])))
+
+
+def test_info_accounts_a_language_model_and_its_key_value_cache(capsys):
+    """`heads-lab info task=lm ...`: the LM's parameters (= the built model's), FLOPs and
+    KV-cache bytes per token, which multi-query attention shrinks by its heads."""
+    import json as _json
+
+    from heads_lab.commands.info import main as info
+
+    assert info(["task=lm", "model=tiny", "model.heads=4", "model.kv_heads=1,4", "--json"]) == 0
+    rows = _json.loads(capsys.readouterr().out)
+    assert [r["kv_cache_bytes_per_token"] for r in rows] == [2 * 1 * 1 * 16 * 4, 2 * 1 * 4 * 16 * 4]
+    for r in rows:
+        run = _run(f"model.kv_heads={r['model']['kv_heads']}")
+        assert r["params"]["total"] == count_parameters(LanguageModel(run.model, 2000))["total"]
+    assert info(["task=lm", "model=tiny", "model.kv_heads=1,4"]) == 0
+    assert "KV cache bytes/token" in capsys.readouterr().out
