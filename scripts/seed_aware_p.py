@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -42,8 +43,17 @@ def published(study: Path) -> tuple[dict[str, str], list[str]]:
     with open(study / "report.csv", newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     label = [row["setting"].removesuffix(" (base)").replace("=None", "=null") for row in rows]
-    return ({name: row.get("p vs base", "") for name, row in zip(label, rows)},
+    return ({name: floor(row.get("p vs base", "")) for name, row in zip(label, rows)},
             [name for name, row in zip(label, rows) if row["setting"].endswith(" (base)")])
+
+
+def floor(p: str) -> str:
+    """A printed p as the results pages write it: at the bootstrap's floor (1,000 resamples:
+    0.001) "≤ 0.001", and a one-seed bootstrap's mark "(seed 1)" as "(seed 1, sentences
+    only)"."""
+    p = re.sub(r"\((seeds? [\d, ]+)\)", r"(\1, sentences only)", p)
+    head, sep, rest = p.partition(" ")
+    return f"≤ 0.001{sep}{rest}" if head in ("0.001", "0.0010") else p
 
 
 def rows_of(study: Path) -> list[tuple[str, int, str, str, str]]:
@@ -84,7 +94,8 @@ def main() -> int:
     opts = parser.parse_args()
     studies = opts.studies or sorted(p.parent for p in RESULTS.rglob("runs.csv")
                                      if (p.parent / "report.csv").is_file())
-    print("| study | row | runs | test BLEU | p the published report printed | p over seeds |")
+    print("| study | row | runs | test BLEU | p the published report printed (pooled, sentences "
+          "only, unless marked) | p over seeds |")
     print("|---|---|---:|---:|---:|---:|")
     for study in studies:
         name = study.resolve().relative_to(RESULTS) if study.resolve().is_relative_to(

@@ -146,5 +146,8 @@ def bleu_rows(summed: np.ndarray) -> np.ndarray:
 
 
 def p_text(p: float) -> str:
-    """A p-value as the report writes it: four decimals, '< 0.001' below the floor."""
-    return f"< {FLOOR}" if p < FLOOR else f"{p:.4f}"
+    """A p-value as the report writes it: four decimals, '< 0.001' below the floor and
+    '≤ 0.001' at it (a bootstrap's smallest p with 1,000 draws)."""
+    if p < FLOOR:
+        return f"< {FLOOR}"
+    return f"≤ {FLOOR}" if round(p, 4) == FLOOR else f"{p:.4f}"

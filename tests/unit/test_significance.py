@@ -110,4 +110,4 @@ def test_bleu_on_a_draw_is_sacrebleus_corpus_bleu_on_the_drawn_sentences():
 def test_p_text_writes_the_floor():
     assert sig.p_text(0.0312) == "0.0312"
     assert sig.p_text(0.0009) == "< 0.001"
-    assert sig.p_text(0.001) == "0.0010"
+    assert sig.p_text(0.001) == "≤ 0.001"  # the floor of 1,000 bootstrap draws
