@@ -33,13 +33,13 @@ def validate(run: RunConfig) -> None:
     _check_trainer(run.trainer)
     _check_analysis_prune(run.analysis, run.prune)
     _check_data(run.data, run.trainer, run.model)
-    _check_eval(run.eval, run.data, run.model)
+    _check_eval(run.eval, run.data, run.model, str(run.task))
     _check_optimiser(run)
 
 
 TRANSLATOR_DATA = ("local", "multi30k", "hf", "tatoeba", "synthetic", "wmt14", "wmt16",
                    "iwslt2017")
-LM_DATA = ("shakespeare", "repeats")  # text for a language model only
+LM_DATA = ("shakespeare", "repeats")  # text for a language model only (heads_lab/data/lm.py)
 
 
 def _check_task(run) -> None:
@@ -253,7 +253,7 @@ def _check_data(d, t, m) -> None:
                 _check(0.0 <= value <= 1.0, f"data.{key}={value} must be a probability in [0, 1]")
 
 
-def _check_eval(e, d, m) -> None:
+def _check_eval(e, d, m, task: str = "translate") -> None:
     _check(e.average_last >= 1, f"eval.average_last={e.average_last} must be >= 1")
     _check(e.beam >= 1, f"eval.beam={e.beam} must be >= 1 (1 = greedy)")
     _check(e.lenpen >= 0, f"eval.lenpen={e.lenpen} must be >= 0")
@@ -269,7 +269,7 @@ def _check_eval(e, d, m) -> None:
                f"eval.bleu_tokenize={e.bleu_tokenize!r} is not a sacrebleu tokenizer: use one of "
                f"{sorted(BLEU.TOKENIZERS)} (or null for 13a)")
     if e.head_mask:
-        parse_head_mask(e.head_mask, out_heads(m))  # raises ConfigError, one line
+        parse_head_mask(e.head_mask, out_heads(m, task))  # raises ConfigError, one line
 
 
 def _divisors(n: int) -> list[int]:

@@ -225,8 +225,11 @@ def shape_keys() -> tuple[tuple[str, str], ...]:
     return tuple((short, key) for key, short in seen.items())
 
 
-def out_heads(cfg) -> dict[tuple[str, int], int]:
+def out_heads(cfg, task: str = "translate") -> dict[tuple[str, int], int]:
     """Heads of the out kind per (site, layer) of a ModelConfig: what head specs address, known
-    before a model exists."""
+    before a model exists (task=lm: its lm-self layers, model.layers of them)."""
+    if str(task) == "lm":
+        depth = cfg.layers if cfg.layers is not None else cfg.decoder_layers
+        return {("lm-self", i): variant(cfg, "lm-self").counts(cfg).out for i in range(depth)}
     return {(site, i): variant(cfg, site).counts(cfg).out for site in SITES
             for i in range(layers(cfg, site))}

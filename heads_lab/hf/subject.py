@@ -23,7 +23,7 @@ from typing import Any
 
 from heads_lab.analysis.subject import sites_present
 from heads_lab.config.compose import cache_dir, compose, to_object
-from heads_lab.config.validate import validate
+from heads_lab.config.validate import LM_DATA, validate
 from heads_lab.errors import ConfigError
 from heads_lab.hf import analysis as hf_analysis
 from heads_lab.hf import heads as hf_heads
@@ -68,7 +68,9 @@ def _config(verb: str, args: list[str]):
         if "=" not in item or not item.startswith(ALLOWED[verb]):
             raise ConfigError(f"{verb} hf:...: {item!r} is not a setting it takes; give "
                               f"key=value overrides of {', '.join(ALLOWED[verb])}")
-    run = to_object(compose(args))
+    # a language model's documents (data=shakespeare) are read as task=lm's text
+    lm = any(a.split("=", 1)[1] in LM_DATA for a in args if a.startswith("data="))
+    run = to_object(compose([*args, "task=lm"] if lm else args))
     validate(run)
     return run
 
@@ -132,13 +134,19 @@ class PretrainedSubject:
         """The data set the command line names, prepared once (prune reads two of its splits)."""
         from heads_lab.data import prepare  # lazy: start-up time (torch)
 
-        return prepare(self.run.data, cache_dir(self.run.paths))
+        # a language model's documents (data=shakespeare): their held-out blocks' text
+        return prepare(self.run.data, cache_dir(self.run.paths), str(self.run.task))
 
     def _texts(self, split: str) -> tuple[list[str], list[str] | None] | None:
         """A data set's split texts (sources, references), where the command line names one."""
         if not any(o.startswith("data") for o in self.overrides):
             return None
         part = self._corpus.splits[split]
+        if self._corpus.lm is not None:  # a language model's text: on the target side
+            if part.tgt_text is None:
+                raise ConfigError(f"the {split} split's texts are not kept (only valid and "
+                                  "test are): use valid or test")
+            return list(part.tgt_text), None
         if part.src_text is None:
             raise ConfigError(f"the {split} split's texts are not kept (only valid and test "
                               "are): use valid or test")

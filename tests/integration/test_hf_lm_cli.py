@@ -182,3 +182,21 @@ def test_a_causal_models_bad_input_is_one_line(gpt2, tmp_path):
                     "analysis.split=valid", "analysis.max_tokens=64",
                     "analysis.max_sentences=4", cwd=tmp_path)
     assert cut.returncode == 0, cut.stderr + cut.stdout
+
+
+SHAKESPEARE = Path(os.environ.get("HEADS_LAB_DATA", "/nonexistent")) / "shakespeare" / "works"
+
+
+@pytest.mark.slow  # long end to end: `make test-slow` (CI runs it)
+@pytest.mark.skipif(not SHAKESPEARE.is_dir(), reason="Shakespeare not found: set HEADS_LAB_DATA "
+                    "to the dir holding shakespeare/ (.ci/run points it at ../shared/data)")
+def test_a_pretrained_lm_is_analysed_on_the_document_corpus(gpt2, tmp_path):
+    """`analyze hf:<LM> data=shakespeare`: the held-out works' blocks as its texts (cut to
+    analysis.max_tokens), every head measured."""
+    proc = heads_lab("analyze", f"hf:{gpt2}", "data=shakespeare", "analysis.split=valid",
+                     "analysis.max_sentences=6", "analysis.max_tokens=200", "trainer.threads=1",
+                     cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    (found,) = (tmp_path / "outputs" / "hf").glob("*/analysis/*/analysis.json")
+    result = json.loads(found.read_text())
+    assert result["sentences"] == 6 and set(result["functions"]) == {"lm-self"}
