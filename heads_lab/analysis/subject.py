@@ -72,6 +72,10 @@ class Subject(Protocol):
     def maps(self, source: Source) -> list[Sentence]:
         """Each sentence's attention maps per site."""
 
+    def masked(self, heads: HeadSet):
+        """A context manager within which `heads` are zeroed (their outputs where they enter
+        the output projection), as `eval.head_mask` zeroes them."""
+
     def sequence_maps(self, ids: list[list[int]]) -> list[Sentence]:
         """The attention maps of token sequences given as ids, at the site where the model
         reads a sequence alone (a language model's lm-self: the ids as they are)."""

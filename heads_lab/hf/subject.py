@@ -168,6 +168,9 @@ class PretrainedSubject:
     def maps(self, source):
         return hf_heads.maps(self.pre, *self._ids(source), self.device)
 
+    def masked(self, heads):
+        return hf_heads.masked(self.pre, heads)
+
     def sequence_maps(self, ids):
         longest, limit = max(len(x) for x in ids), self.pre.positions
         if limit is not None and longest > limit:

@@ -82,6 +82,11 @@ class TrainedSubject:
         return collect_maps(self.model, source.split, len(source.indices), self.device,
                             decoder=source.has_target)
 
+    def masked(self, heads):
+        from heads_lab.model.heads import masked  # lazy: start-up time (torch)
+
+        return masked(self.model, heads)
+
     def sequence_maps(self, ids):
         """The encoder's maps of `ids`, read as a source (its EOS after them): a translator
         reads sequences alone there."""
