@@ -24,6 +24,24 @@ cuda_tests.xml, bench.json, bench_large.json, profile.json, table_a/ (runs, repo
 `--parts studies --study 'PRESET [OVERRIDE ...]'` (repeatable) runs other presets' whole sweeps
 the same way, one after another while time is left, each into <out>/<preset>/ with its report.
 
+The lease plan, for a GPU lent for 15 minutes in all (no call over 10), in priority order, each
+call's results packed so that what comes back is ≤ 8 files (--pack: summary.md, gpu_check.json
+and one pack.tar.gz holding the rest):
+
+  1. run --out $OUT/base --parts base_size --budget 540 --pack
+     the base-size question: +experiment=table_a_tatoeba_base (d_model 512, 6+6 layers, peak lr
+     7e-4 over 1,000 warm-up steps, 8,192 tokens a step), h = 1 and h = 8 × seeds 1 and 2, four
+     runs at once, captured (trainer.capture=true trainer.pad_multiple=8), up to 6,000 steps
+     with trainer.max_time as the horizon: what the call leaves after its evaluation, so every
+     run still validates and is tested (BLEU, chrF, multi-reference); results.json says where
+     it stopped (train.stopped_by, steps), its tokens/s and whether it was captured.
+  2. run --out $OUT/speed --parts speed --budget 480 --pack
+     the speed table: every variant captured (mha h = 1, 8, 32, kv_heads = 1, talking heads
+     h = 8, 32) beside torch.nn.Transformer and Marian compiled, at 8,192 tokens a step.
+  3. only if time is left: --parts studies --study 'table_a_tatoeba_base model.heads=32 seed=1
+     trainer.capture=true trainer.pad_multiple=8' (then seed 3 of h = 1, 8; then the learning
+     rate per h, trainer.lr=3.5e-4,1.4e-3 on seed 1).
+
 `run --cpu` is the dry run that keeps this script from rotting between GPU windows (`make
 test-slow` runs it): the same parts on CPU, the CUDA tests skipping with their reason, a tiny bench and a
 tiny two-run study on the embedded synthetic corpus. A user with a GPU runs the same two steps
@@ -66,7 +84,8 @@ MULTI30K = ("train.", "val.", "test_2016_flickr.")  # de and en: the study's pai
 # bench_peers (not a default part; not yet measured: its whole is a guess, 12 compiled rows at
 # two batch sizes) is every variant captured beside the peers, at 8k and 25.6k tokens a step;
 # profile_captured (not a default part; its whole a guess too) the captured step's profile.
-GPU_PARTS = (("tests", 0.2, 30, 100), ("bench", 0.4, 60, 180), ("bench_large", 0.2, 40, 90),
+GPU_PARTS = (("base_size", 1.0, 240, 0), ("speed", 1.0, 120, 0),
+             ("tests", 0.2, 30, 100), ("bench", 0.4, 60, 180), ("bench_large", 0.2, 40, 90),
              ("bench_peers", 0.6, 60, 400), ("profile", 0.1, 20, 40),
              ("profile_captured", 0.3, 40, 120),
              ("table_a", 0.6, 120, 170), ("studies", 1.0, 120, 0))
@@ -107,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
                      help="which parts, in order: tests, bench, bench_large, bench_peers (not "
                           "by default), profile, profile_captured (not by default), table_a, "
                           "studies")
+    run.add_argument("--pack", action="store_true",
+                     help="pack everything but summary.md and gpu_check.json into pack.tar.gz "
+                          "at the end (a lent machine returns few files)")
     run.add_argument("--study", action="append", default=[], metavar="'PRESET [OVERRIDE ...]'",
                      help="for the studies part (repeat it): a preset's whole sweep on the GPU, "
                           "with its overrides, e.g. 'kv_heads seed=1,2,3'; into <out>/<preset>/ "
@@ -366,14 +388,52 @@ class Check:
                          for r in result["rows"] if r["name"].startswith(("mha h=8", "torch.nn")))
         return "ok", f"{tokens:,} target tokens a step: {rows}"
 
-    def bench_peers(self, allowed: float):
+    def base_size(self, allowed: float):
+        """The base-size question (the lease plan's first call, module doc): table_a_tatoeba_base
+        at h = 1 and 8, seeds 1 and 2, at once, captured, its horizon trainer.max_time = the
+        part's time less the evaluation's, then its report. The dry run: tiny, on the synthetic
+        pair, with a one-minute horizon."""
+        sweep = self.out / "base_size"
+        after = 90 if self.opts.cpu else 210  # starting, evaluating four runs, the report
+        horizon = max(20.0 if self.opts.cpu else 60.0, allowed - after)
+        extra = ["model.heads=1,8", "seed=1,2", f"trainer.max_time={horizon:.0f}"]
+        if not self.opts.cpu:
+            extra += ["trainer.capture=true", "trainer.pad_multiple=8", "trainer.max_steps=6000",
+                      "eval.checkpoint=last"]
+        else:  # the preset's size made tiny (its dims are its own keys, over model=tiny's)
+            extra += ["trainer.max_steps=40", "model.d_model=32", "model.d_ff=64",
+                      "model.encoder_layers=1", "model.decoder_layers=1",
+                      "trainer.max_tokens=1024", "trainer.warmup_steps=5",
+                      "trainer.valid_every=20"]
+        proc = self.sh("base_size", self.sweep_command(sweep, "table_a_tatoeba_base", extra),
+                       allowed - 30)
+        done = sorted(sweep.glob("*/results.json"))
+        if not done:
+            return "failed", f"no run finished (exit {proc.returncode}; logs/base_size.log)"
+        rep = self.sh("base_size_report", self.heads_lab("report", str(sweep)),
+                      max(10.0, min(30.0, self.left())))
+        runs = [json.loads(p.read_text()) for p in done]
+        said = "; ".join(
+            f"{r['name']}: {r['train']['steps']} steps ({r['train']['stopped_by']}), "
+            f"{r['metrics']['train/tokens_per_s']:,.0f} tok/s, captured "
+            f"{r['train'].get('captured')}, BLEU {r['metrics'].get('test/bleu', float('nan')):.2f}"
+            for r in runs)
+        ok = proc.returncode == 0 and rep.returncode == 0 and len(done) == 4
+        return ("ok" if ok else "failed"), f"horizon {horizon:.0f} s; {said}"
+
+    def speed(self, allowed: float):
+        """The speed table (the lease plan's second call): bench_peers at 8,192 tokens a step
+        only, every variant captured beside the compiled peers."""
+        return self.bench_peers(allowed, first_only=True)
+
+    def bench_peers(self, allowed: float, first_only: bool = False):
         """Every variant captured (mha h=1, 8, 32 and kv_heads=1, talking heads h=8 and 32)
         beside the peers (torch.nn.Transformer and Hugging Face's Marian, eager and compiled) at
         8,192 target tokens a step with greedy and beam-4 decoding (Marian's by its own
         generate), and at 25,600 without: bench_peers_<tokens>.json each. The dry run: the
         peers' rows, tiny, with decoding (compiling is minutes on a CPU)."""
         started, found = time.monotonic(), []
-        batches = (4,) if self.opts.cpu else (256, 800)
+        batches = (4,) if self.opts.cpu else (256,) if first_only else (256, 800)
         for batch in batches:
             if self.opts.cpu:
                 args = ["--batch", str(batch), "--length", "6", "--device", "cpu", "--precision",
@@ -504,8 +564,24 @@ class Check:
         lines += ["", f"total {total:.0f} s of a {self.opts.budget:.0f} s budget"]
         (self.out / "summary.md").write_text("\n".join(lines) + "\n")
         self.say("\n".join(lines))
+        if self.opts.pack:
+            self.pack()
         bad = [p["part"] for p in self.parts if p["status"] == "failed"]
         return 1 if bad else 0
+
+
+    def pack(self) -> None:
+        """Everything but summary.md and gpu_check.json into pack.tar.gz (then removed), so a
+        lent machine returns three files; `tar xzf pack.tar.gz` gives the folders back."""
+        import tarfile
+
+        keep = {"summary.md", "gpu_check.json", "pack.tar.gz"}
+        items = [p for p in sorted(self.out.iterdir()) if p.name not in keep]
+        with tarfile.open(self.out / "pack.tar.gz", "w:gz") as tar:
+            for item in items:
+                tar.add(item, arcname=item.name)
+        for item in items:
+            shutil.rmtree(item) if item.is_dir() else item.unlink()
 
 
 def _has_plugin(module: str) -> bool:

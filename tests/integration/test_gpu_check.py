@@ -253,3 +253,30 @@ def test_the_peers_and_captured_profile_parts_measure_what_a_gpu_run_trains(tmp_
                for name, suffix in (("torch.nn.Transformer h=8", "_uncached"), ("Marian h=8", ""),
                                     ("mha h=8", ""))}  # torch.nn has no key/value cache
     assert all(greedy > 0 and beam > 0 for greedy, beam in decoded.values()), decoded
+
+
+def test_the_lease_plans_first_call_composes_runs_and_returns_few_files(tmp_path):
+    """The lease plan's first call (--parts base_size --pack; module doc of gpu_check.py), dry:
+    table_a_tatoeba_base's four runs (h = 1 and 8 × seeds 1 and 2) at once with a time horizon,
+    each validated and tested, their report; what comes back is ≤ 8 files, ≤ 2 folders deep."""
+    import tarfile
+
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "run", "--cpu",
+                           "--out", str(out), "--parts", "base_size", "--pack"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert len(files) <= 8 and all(len(p.relative_to(out).parts) <= 3 for p in files), files
+    assert {p.name for p in files} == {"summary.md", "gpu_check.json", "pack.tar.gz"}
+    parts = {p["part"]: p for p in json.loads((out / "gpu_check.json").read_text())["parts"]}
+    assert parts["base_size"]["status"] == "ok", parts
+    with tarfile.open(out / "pack.tar.gz") as tar:
+        names = tar.getnames()
+        results = [json.load(tar.extractfile(n)) for n in names if n.endswith("results.json")]
+    assert "base_size/report.md" in names and "logs/base_size.log" in names
+    assert sorted((r["config"]["model"]["heads"], r["config"]["seed"]) for r in results) == [
+        (1, 1), (1, 2), (8, 1), (8, 2)]
+    for r in results:  # the preset's schedule, the horizon a time budget, every run tested
+        assert r["config"]["trainer"]["lr"] == pytest.approx(6.99e-4, rel=1e-2)
+        assert r["config"]["trainer"]["max_time"] is not None and "test/bleu" in r["metrics"]
