@@ -21,7 +21,7 @@ import numpy as np
 
 from heads_lab.analysis.publish import token_labels
 from heads_lab.analysis.record import Source
-from heads_lab.analysis.subject import analyze
+from heads_lab.analysis.subject import analyze, importance_curves
 from heads_lab.commands.analyze import COMMAND as ANALYZE
 from heads_lab.commands.command import open_subject
 from heads_lab.commands.prune import COMMAND as PRUNE
@@ -190,6 +190,17 @@ class Model:
         subject = self._subject("prune")
         scope = list(sites or self.heads)
         return dict(subject.importance(dict(self._masked), scope, groups=groups))
+
+    def prune(self, step: float | None = None, sites: list[str] | None = None
+              ) -> dict[str, list[dict[str, Any]]]:
+        """Michel et al.'s iterative pruning, as `heads-lab prune method=importance` runs it (no
+        files written): per curve (each attention type, all of them together, and under
+        grouped-query attention the key/value groups) its points, each a dict of the task
+        metric, the heads kept and those gone."""
+        subject = self._subject("prune")
+        p = subject.run.prune
+        return importance_curves(subject, list(sites or p.sites), step or p.step, subject.verb,
+                                 lambda line: None)
 
     def analyze(self, **settings: Any) -> Analysis:
         """Every measure of `heads-lab analyze` (analysis.json's record, no files written),
