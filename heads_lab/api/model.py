@@ -179,8 +179,9 @@ class Model:
         row = subject.point(chosen, 0.0)
         keep = ("bleu", "chrf", "ppl", "accuracy", "loss", "bits_per_byte", "forward_tok_s",
                 "decode_s")
+        removed = getattr(subject, "remove", False)  # else masked: the full model's parameters
         return Evaluation({k: float(row[k]) for k in keep if k in row}, dict(row["kept"]),
-                          row.get("params"), format_heads(chosen))
+                          row.get("params") if removed else None, format_heads(chosen))
 
     def importance(self, sites: list[str] | None = None,
                    groups: bool = False) -> dict[tuple[str, int], np.ndarray]:
@@ -197,6 +198,9 @@ class Model:
         files written): per curve (each attention type, all of them together, and under
         grouped-query attention the key/value groups) its points, each a dict of the task
         metric, the heads kept and those gone."""
+        if self._masked:
+            raise ConfigError("prune() starts from the whole model and takes its own heads "
+                              "away: call it outside a masked block")
         subject = self._subject("prune")
         p = subject.run.prune
         return importance_curves(subject, list(sites or p.sites), step or p.step, subject.verb,

@@ -190,7 +190,8 @@ def _recipe(run: RunConfig) -> dict[str, Any]:
             "lr": t.lr, "warmup_steps": t.warmup_steps, "min_lr": t.min_lr,
             "weight_decay": t.weight_decay, "label_smoothing": t.label_smoothing,
             "dropout": run.model.dropout, "clip_norm": t.clip_norm,
-            "positions": "sinusoidal (absolute)" + (
+            "positions": ("sinusoidal (absolute)" if run.model.positions != "none" else
+                          "none") + (
                 f", relative biases ±{run.model.relative_positions}"
                 if run.model.relative_positions else "")}
 
@@ -243,7 +244,7 @@ def _data(run: RunConfig, run_dir: Path, main_rank: bool):
         _subset_train(run, corpus)
     for name, split in corpus.splits.items():  # positions: BOS/EOS + tokens
         longest = int(max(split.src_lens.max(), split.tgt_lens.max()))
-        if longest + 1 > run.model.max_positions:
+        if longest + (0 if corpus.lm else 1) > run.model.max_positions:  # an LM: BOS + text
             raise DataError(f"the {name} split has a sentence of {longest - 1} subword tokens, "
                             f"more than model.max_positions={run.model.max_positions} allows; "
                             "raise model.max_positions")

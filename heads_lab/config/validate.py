@@ -32,7 +32,7 @@ def validate(run: RunConfig) -> None:
     _check_model(run.model, run.task)
     _check_trainer(run.trainer)
     _check_analysis_prune(run.analysis, run.prune)
-    _check_data(run.data, run.trainer, run.model)
+    _check_data(run.data, run.trainer, run.model, str(run.task))
     _check_eval(run.eval, run.data, run.model, str(run.task))
     _check_optimiser(run)
 
@@ -206,14 +206,15 @@ def _check_analysis_prune(a, pr) -> None:
            f"prune.eval_sentences={pr.eval_sentences} must be >= 1 (or null for all)")
 
 
-def _check_data(d, t, m) -> None:
+def _check_data(d, t, m, task: str = "translate") -> None:
     _check(d.max_len >= 1, f"data.max_len={d.max_len} must be >= 1")
     _check(
         t.max_tokens >= d.max_len + 1,
         f"trainer.max_tokens={t.max_tokens} is smaller than the longest allowed sentence "
         f"(data.max_len={d.max_len} + EOS): raise trainer.max_tokens or lower data.max_len",
     )
-    _check(d.max_len + 2 <= m.max_positions, "data.max_len + 2 must not exceed model.max_positions")
+    _check(task == "lm" or d.max_len + 2 <= m.max_positions,
+           "data.max_len + 2 must not exceed model.max_positions")
     capture = str(t.capture).lower()  # (a bool from a YAML true/false reads as 'True'/'False')
     _check(capture in ("auto", "true", "false"), f"trainer.capture={t.capture}: use auto (on "
            "for a CUDA device, off on a CPU), true or false")
@@ -221,9 +222,13 @@ def _check_data(d, t, m) -> None:
            "capture compiles the whole step itself; set trainer.compile=false")
     _check(t.pad_multiple >= 1, f"trainer.pad_multiple={t.pad_multiple} must be >= 1 (1: no "
            "padding; 8 suits a captured step on a GPU)")
-    _check(-(-(d.max_len + 2) // t.pad_multiple) * t.pad_multiple <= m.max_positions,
-           f"trainer.pad_multiple={t.pad_multiple} pads the longest sentence (data.max_len + 2 = "
-           f"{d.max_len + 2}) past model.max_positions={m.max_positions}: lower "
+    # the longest input: BOS + sentence + EOS (translator); BOS + block or sentence (LM)
+    longest, what = ((d.block_size + 1, "data.block_size + 1") if task == "lm"
+                     and d.name == "shakespeare" else (d.max_len + 1, "data.max_len + 1")
+                     if task == "lm" else (d.max_len + 2, "data.max_len + 2"))
+    _check(-(-longest // t.pad_multiple) * t.pad_multiple <= m.max_positions,
+           f"trainer.pad_multiple={t.pad_multiple} pads the longest sentence ({what} = "
+           f"{longest}) past model.max_positions={m.max_positions}: lower "
            "trainer.pad_multiple or raise model.max_positions")
     _check(d.vocab_size >= 16, f"data.vocab_size={d.vocab_size} must be >= 16")
     c = d.cleaning

@@ -60,8 +60,8 @@ def significance(rows: list[Row], base: Row, split: str, samples: int) -> None:
     key = f"{split}/bits_per_byte"
     base_runs = _per_seed(base)
     stats = {r.dir: row_stats(r, split) for row in rows for r in row.runs}
-    sizes = {len(s) for s in stats.values() if s is not None}
-    counts = sig.sentence_draws(sizes.pop(), samples) if len(sizes) == 1 else None
+    base_text = [stats[r.dir] for r in base_runs if stats[r.dir] is not None]
+    counts = sig.sentence_draws(len(base_text[0]), samples) if base_text else None
     for row in rows:
         if row is base:
             continue
@@ -70,6 +70,10 @@ def significance(rows: list[Row], base: Row, split: str, samples: int) -> None:
             row.p_reason = f"a run without {key}"
             continue
         have = counts is not None and all(stats[r.dir] is not None for r in (*mine, *base_runs))
+        if have and not all(np.array_equal(stats[r.dir][:, 1], base_text[0][:, 1])
+                            for r in (*mine, *base_runs)):  # other rows (bytes differ)
+            row.p_reason = "other test set"
+            continue
 
         def draws(runs: list[Run]) -> list[np.ndarray]:
             return [sig.resampled(stats[r.dir], counts, bpb_rows) for r in runs]
@@ -151,7 +155,8 @@ def render(rows: list[Row], bases: list[Row], shape_cells, shape_header: list[st
     if ONE_SEED in kinds:
         note += ("; (seed k, rows only): a paired bootstrap of the held-out rows on that seed, "
                  "where a side has one seed (its spread unknown)")
-    note += "; KV cache: bytes per token of context in fp32 (2 · layers · kv heads · d_k · 4)"
+    note += ("; KV cache: bytes per token of context in fp32 (layers · (key heads + value heads) "
+             "· d_k · 4)")
     return {"header": header, "rows": body, "note": note}
 
 

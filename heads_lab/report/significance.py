@@ -150,4 +150,4 @@ def p_text(p: float) -> str:
     '≤ 0.001' at it (a bootstrap's smallest p with 1,000 draws)."""
     if p < FLOOR:
         return f"< {FLOOR}"
-    return f"≤ {FLOOR}" if round(p, 4) == FLOOR else f"{p:.4f}"
+    return f"≤ {FLOOR}" if p == FLOOR else f"{p:.4f}"

@@ -78,9 +78,10 @@ def _rows(split: Split, n: int) -> list[list[int]]:
     return [[BOS, *(int(t) for t in split.tgt[i])] for i in range(n)]
 
 
-def text_split(rows: list[list[int]]) -> Split:
-    """Rows read from their BOS as a language model's split (the text on the target side)."""
-    return Split(None, None, [[] for _ in rows], [r[1:] for r in rows])
+def text_split(rows: list[list[int]], open_end: bool = False) -> Split:
+    """Rows read from their BOS as a language model's split (the text on the target side);
+    `open_end`: blocks cut from documents, nothing predicted after their last token."""
+    return Split(None, None, [[] for _ in rows], [r[1:] for r in rows], open_end)
 
 
 class TrainedLMSubject(TrainedSubject):
@@ -124,8 +125,8 @@ class TrainedLMSubject(TrainedSubject):
         if cfg.conllu:
             parsed = read_conllu(Path(cfg.conllu))[:n]
             trees, syntax = parsed + [None] * (n - len(parsed)), "conllu"
-        return Source(cfg.split, Split(texts, None, rows, [[] for _ in rows]), texts, trees,
-                      list(range(n)), [], syntax, cfg.conllu)
+        return Source(cfg.split, Split(texts, None, rows, [[] for _ in rows], part.open_end),
+                      texts, trees, list(range(n)), [], syntax, cfg.conllu)
 
     def _read(self, source) -> list[list[int]]:
         return [[int(t) for t in source.split.src[i]] for i in range(len(source.indices))]
@@ -140,7 +141,8 @@ class TrainedLMSubject(TrainedSubject):
         from heads_lab.analysis.importance import importance_by_kind  # lazy: torch
 
         rows = self._read(source)
-        return {"importance": importance_by_kind(self.model, text_split(rows), None,
+        return {"importance": importance_by_kind(self.model, text_split(
+            rows, source.split.open_end), None,
                                                  self.run.trainer.max_tokens, self.device)}
 
     def frequencies(self, source) -> Counter:
@@ -213,13 +215,13 @@ def open_run_subject(run_dir: Path, verb: str, overrides: list[str]) -> TrainedS
     """A run trained here read back for `verb`: a language model's (task=lm) subject, else a
     translator's (heads_lab.subjects.trained). A language model refuses prune's method=gates
     before any work."""
-    from heads_lab.training.runs import compose_run  # lazy: the run's config only, first
+    from heads_lab.training.runs import compose_run, load  # lazy: start-up time (torch)
 
     _, run = compose_run(run_dir, overrides)
-    if str(run.task) == "lm" and verb == "prune" and run.prune.method == "gates":
+    if str(run.task) != "lm":
+        return open_trained(run_dir, verb, overrides)
+    if verb == "prune" and run.prune.method == "gates":
         raise ConfigError("prune method=gates fine-tunes with a translator's BLEU read before "
                           "and after; for a language model (task=lm) use method=importance")
-    subject = open_trained(run_dir, verb, overrides)
-    if str(subject.run.task) != "lm":
-        return subject
-    return TrainedLMSubject(run_dir, subject.trained, verb)
+    trained = load(run_dir, overrides, computes="fp32" if verb == "analyze" else None)
+    return TrainedLMSubject(run_dir, trained, verb)

@@ -462,8 +462,10 @@ def test_pretrained_models_go_through_info_analyze_and_prune(tmp_path):
     proc = heads_lab("info", *[f"hf:{p}" for p in tiny.values()], "--json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     rows = json.loads(proc.stdout)
-    assert [r["family"] for r in rows] == ["marian", "bert", "distilbert"]
+    assert [r["family"] for r in rows] == ["marian", "bert", "distilbert", "gpt2", "gpt_neox",
+                                           "llama", "mistral", "qwen2"]
     assert rows[0]["layers"] == "2+2" and rows[1]["heads"] == {"enc-self": 4}
+    assert all("lm-self" in r["heads"] for r in rows[3:])
     for family, lang, extra in (("marian", "de", ["analysis.treebank_ref=text_en"]),
                                 ("bert", "en", []), ("distilbert", "en", [])):
         proc = heads_lab("analyze", f"hf:{tiny[family]}",

@@ -229,12 +229,22 @@ def test_the_lm_recipe_decays_matrices_only_and_follows_a_cosine():
     (["eval.sacrebleu_test=wmt14"], "scored by perplexity and bits per byte, not BLEU"),
     (["data=shakespeare", "data.block_size=600", "model.max_positions=512"],
      "data.block_size=600 needs 601 positions"),
+    (["data=shakespeare", "data.block_size=256", "model.max_positions=257",
+      "trainer.pad_multiple=8"], r"pads the longest sentence \(data.block_size \+ 1 = 257\)"),
     (["trainer.max_steps=null", "trainer.max_epochs=2"], "schedule=cosine decays"),
     (["model.init=admin", "model.norm=post"], "model.init=admin profiles a translator"),
 ])
 def test_a_language_models_bad_settings_are_one_line(args, message):
     with pytest.raises(ConfigError, match=message):
         _run(*args)
+
+
+def test_an_lm_block_that_fills_the_positions_is_valid_padded_or_not():
+    """BOS + a block of 256 needs 257 positions; the translator's data.max_len + 2 rule (and its
+    padded form) does not apply to an LM's blocks."""
+    for pad in (1, 8):
+        validate(_run("data=shakespeare", "data.block_size=256", "model.max_positions=264",
+                      "data.max_len=300", f"trainer.pad_multiple={pad}"))
 
 
 def test_a_task_or_data_the_other_task_needs_is_one_line():
