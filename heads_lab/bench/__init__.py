@@ -1,6 +1,7 @@
-"""Benchmarks: `heads-lab bench` (the speed table and its targets) and `heads-lab bench --depth`
-(Liu et al.'s shallow multi-head vs deep single-head cost curves). They print tables and write
-JSON (and a PNG); nothing in `make test` asserts a speed."""
+"""Benchmarks: `heads-lab bench` (the speed table and its targets), `heads-lab bench --lm` (language
+models' training and generation beside a nanoGPT-style model and Hugging Face's GPT-2 and Llama)
+and `heads-lab bench --depth` (Liu et al.'s shallow multi-head vs deep single-head cost curves).
+They print tables and write JSON (and a PNG); nothing in `make test` asserts a speed."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from heads_lab.config.validate import validate
 from heads_lab.errors import ConfigError
 from heads_lab.output.files import write_json
 
-USAGE = ("heads-lab bench [--quick] [--depth] [--profile {train,greedy,beam}] [--steps N] "
-         "[--device D] [--precision P] [--batch B] [--length L] [--compile] [--no-decode] "
+USAGE = ("heads-lab bench [--quick] [--lm] [--depth] [--profile {train,greedy,beam}] [--steps N] "
+         "[--device D] [--precision P] [--batch B] [--length L] [--new-tokens N] [--compile] "
+         "[--peers] [--no-decode] "
          "[--json FILE] "
          "[--png FILE] [--trace FILE] [model.KEY=VALUE ...]")
 
@@ -30,18 +32,27 @@ def main(args: list[str]) -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="fewer variants, no peak memory")
     parser.add_argument("--depth", action="store_true", help="Liu et al. shallow vs deep curves")
+    parser.add_argument("--lm", action="store_true",
+                        help="language models (task=lm: d_model 256, 4 layers, d_ff 1024, vocab "
+                        "4000): training and greedy generation tokens/s beside a nanoGPT-style "
+                        "plain PyTorch model (and with --peers Hugging Face's GPT-2 and Llama)")
     parser.add_argument("--device", default="auto", help="auto (a GPU if there is one), cpu, cuda, cuda:N")
     parser.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16"),
                         help="the table's main precision: auto is fp32 on CPU (with bf16 rows "
                         "beside), bf16 on a GPU (with an fp32 row beside)")
-    parser.add_argument("--batch", type=int, default=64, help="pairs per step (64; larger on a GPU)")
-    parser.add_argument("--length", type=int, default=20, help="tokens per sentence")
+    parser.add_argument("--batch", type=int, default=None,
+                        help="pairs per step (64; larger on a GPU); --lm: blocks per step (8)")
+    parser.add_argument("--length", type=int, default=None,
+                        help="tokens per sentence (20); --lm: tokens per block (256)")
+    parser.add_argument("--new-tokens", type=int, default=64,
+                        help="--lm: tokens each generated row grows by (64)")
     parser.add_argument("--compile", action="store_true",
                         help="add mha h=8 with its training forward compiled (trainer.compile) and "
                         "with its whole step captured (trainer.capture)")
     parser.add_argument("--peers", action="store_true",
                         help="Hugging Face's Marian at h=8 too (the hf extra), and with --compile "
-                        "torch.nn.Transformer and Marian through torch.compile")
+                        "torch.nn.Transformer and Marian through torch.compile; with --lm, "
+                        "Hugging Face's GPT-2 and Llama")
     parser.add_argument("--capture-all", action="store_true",
                         help="with --compile: every variant's quick rows captured too (mha h=1, "
                         "8, 32 and kv_heads=1, talking heads h=8 and 32), as GPU runs train")
@@ -60,8 +71,8 @@ def main(args: list[str]) -> int:
     parser.add_argument("--json", default="bench.json", help="where to write the numbers")
     parser.add_argument("--png", default="bench_depth.png", help="--depth: the plot")
     opts = parser.parse_intermixed_args(args)  # model.KEY=VALUE anywhere among the flags
-    model = _model(opts.overrides)
     _check_options(opts)
+    model = _model(opts.overrides, lm=opts.lm)
     _check_counts_and_files(opts)
     if opts.steps is None:  # measured steps: 5 per depth point, else 10 per variant
         opts.steps = 5 if opts.depth else 10
@@ -69,6 +80,14 @@ def main(args: list[str]) -> int:
     from heads_lab.output.tables import wide_console
 
     console = wide_console(150)
+    result = _measure(opts, model, console)
+    write_json(Path(opts.json), result)
+    console.print(f"numbers: {opts.json}")
+    return 0
+
+
+def _measure(opts, model, console) -> dict:
+    """The table the flags ask for, printed; its numbers."""
     if opts.profile:
         from heads_lab.bench import profile  # lazy: start-up time (torch)
 
@@ -78,6 +97,14 @@ def main(args: list[str]) -> int:
                              capture=opts.capture)
         console.print(_profile_table(result))
         console.print(f"trace: {opts.trace} (chrome://tracing or ui.perfetto.dev)")
+    elif opts.lm:
+        from heads_lab.bench import lm  # lazy: start-up time (torch)
+
+        work, precision = _lm_workload(opts, model)
+        result = lm.run(model, work, steps=opts.steps, warmup=opts.warmup, quick=opts.quick,
+                        peers=opts.peers, decode=not opts.no_decode, precision=precision,
+                        log=console.print)
+        console.print(_lm_table(result))
     elif opts.depth:
         from heads_lab.bench import depth  # lazy: start-up time (torch)
 
@@ -95,9 +122,7 @@ def main(args: list[str]) -> int:
                            capture_all=opts.capture_all, peers=opts.peers)
         console.print(_table(result))
         console.print(_targets(result))
-    write_json(Path(opts.json), result)
-    console.print(f"numbers: {opts.json}")
-    return 0
+    return result
 
 
 def _check_options(opts) -> None:
@@ -106,11 +131,17 @@ def _check_options(opts) -> None:
         import importlib.util  # lazy: only for --peers
 
         if importlib.util.find_spec("transformers") is None:
-            raise ConfigError("bench --peers measures Hugging Face's Marian: install the hf "
-                              "extra (pip install 'heads-lab[hf]')")
+            raise ConfigError("bench --peers measures Hugging Face's models (Marian; with --lm "
+                              "GPT-2 and Llama): install the hf extra (pip install "
+                              "'heads-lab[hf]')")
     if opts.capture and opts.profile != "train":
         raise ConfigError("bench --capture profiles the captured training step: give it with "
                           "--profile train")
+    if opts.lm and (opts.depth or opts.profile or opts.compile or opts.capture_all):
+        raise ConfigError("bench --lm measures eager training and generation: drop --depth, "
+                          "--profile, --compile and --capture-all")
+    if not opts.lm and opts.new_tokens != 64:
+        raise ConfigError("--new-tokens is the generated length of bench --lm: add --lm")
     if opts.capture_all and not opts.compile:
         raise ConfigError("bench --capture-all adds captured rows to the compiled ones: add "
                           "--compile")
@@ -160,14 +191,36 @@ def _workload(opts):
     precision = opts.precision if opts.precision != "auto" else (
         "bf16" if device.type == "cuda" else "fp32")
     check_precision(device, precision)
-    if min(opts.batch, opts.length) < 2:
+    batch, length = opts.batch or 64, opts.length or 20
+    if min(batch, length) < 2:
         raise ConfigError("--batch and --length must be at least 2")
-    return Workload(opts.batch, opts.length, device=str(device)), precision
+    return Workload(batch, length, device=str(device)), precision
 
 
-def _model(overrides: list[str]):
-    """The bench's small config (d_model 256, 3+3, d_ff 1024, dropout 0.1) with `model.*` overrides."""
-    from heads_lab.bench.suite import BASE  # lazy: start-up time (torch)
+def _lm_workload(opts, model):
+    """--lm's batch of blocks and generated length, checked against the model's positions."""
+    from heads_lab.bench.lm import LMWorkload  # lazy: start-up time (torch)
+
+    translator, precision = _workload(opts)  # the device, the precision and their checks
+    work = LMWorkload(opts.batch or 8, opts.length or 256, new=opts.new_tokens,
+                      device=translator.device)
+    if min(work.batch, work.length, work.new) < 1:
+        raise ConfigError("--batch, --length and --new-tokens must be at least 1")
+    longest = max(work.length, work.new + 2)  # a block; BOS + generated tokens + EOS
+    if longest > model.max_positions:
+        raise ConfigError(f"bench --lm needs {longest} positions (--length {work.length}, "
+                          f"--new-tokens {work.new}), more than model.max_positions="
+                          f"{model.max_positions}: lower them or raise model.max_positions")
+    return work, precision
+
+
+def _model(overrides: list[str], lm: bool = False):
+    """The bench's small config (d_model 256, 3+3, d_ff 1024, dropout 0.1; `lm`: d_model 256, 4
+    layers, d_ff 1024) with `model.*` overrides, validated as a run of its task."""
+    if lm:
+        from heads_lab.bench.lm import BASE  # lazy: start-up time (torch)
+    else:
+        from heads_lab.bench.suite import BASE  # lazy: start-up time (torch)
 
     bad = [o for o in overrides if not o.startswith("model.") or "=" not in o]
     if bad:
@@ -179,7 +232,9 @@ def _model(overrides: list[str]):
         raise ConfigError(f"bad bench override: {str(err).splitlines()[0]}") from None
     model = OmegaConf.to_object(cfg)
     run = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RunConfig), {
-        "model": OmegaConf.structured(model), "data": {"name": "synthetic"},
+        "model": OmegaConf.structured(model),  # (sentences as long as the model's positions)
+        "data": {"name": "synthetic", "max_len": max(1, model.max_positions - 2)},
+        **({"task": "lm"} if lm else {}),
         "trainer": {}, "eval": {}, "logger": {}}))
     validate(run)
     return model
@@ -216,6 +271,38 @@ def _table(result: dict):
     if "greedy_uncached" in m:
         table.caption = (f"mha h=8 decoding without the cache: greedy {m['greedy_uncached']:,.0f}, "
                          f"beam4 {m['beam4_uncached']:,.0f} sentences/s")
+    return table
+
+
+def _lm_table(result: dict):
+    # lazy: start-up time (rich)
+    from rich.table import Table
+
+    rows = {r["name"]: r for r in result["rows"]}
+    mha8 = rows["mha h=8"]["tokens_per_s"]
+    w, m = result["workload"], result["model"]
+    where = result["device"] if result["device"] != "cpu" else f"{result['threads']} threads"
+    table = Table(title=f"heads-lab bench --lm: d_model {m['d_model']}, {m['layers']} layers, d_ff "
+                  f"{m['d_ff']}, vocab {w['vocab']}; {w['batch']} × {w['length']} tokens a step, "
+                  f"{result['precision']}, {where}; median of {result['steps']} steps after "
+                  f"{result['warmup']}; matmul ceiling {result['ceiling']:.0f} GFLOP/s",
+                  title_justify="left")
+    for col in ("model", "params", "train tok/s", "× mha8", "GFLOP/s", "MFU", "generate tok/s",
+                "generation"):
+        table.add_column(col, justify="left" if col in ("model", "generation") else "right",
+                         no_wrap=col == "model")
+    for r in result["rows"]:
+        gen = r.get("generate_tokens_per_s")
+        table.add_row(r["name"], f"{r['params']:,}", f"{r['tokens_per_s']:,.0f}",
+                      f"{r['tokens_per_s'] / mha8:.2f}", f"{r['gflops_per_s']:.0f}",
+                      f"{r['mfu']:.0%}", f"{gen:,.0f}" if gen else "-",
+                      r["generation"] if gen else "-")
+    m8 = rows["mha h=8"]
+    if "generate_uncached_tokens_per_s" in m8:
+        table.caption = (f"generation: {w['batch']} rows × {w['new']} greedy tokens after a BOS; "
+                         f"mha h=8 without its cache {m8['generate_uncached_tokens_per_s']:,.0f} "
+                         f"tok/s, the same tokens: {m8['cache_identical']}. FLOPs: "
+                         "torch.utils.flop_counter on one forward, a step 3×")
     return table
 
 
