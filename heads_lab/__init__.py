@@ -11,10 +11,10 @@ In a notebook (docs/python.md):
 `import heads_lab` loads nothing heavy: the names below are read on first use.
 """
 
+from heads_lab._version import __version__
 from heads_lab.errors import CheckpointError, ConfigError, DataError
 from heads_lab.errors import HeadsLabError as Error
 
-__version__ = "0.1.0"
 __all__ = ["Analysis", "CheckpointError", "ConfigError", "DataError", "Error", "Evaluation",
            "Maps", "Model", "__version__", "open", "rows", "runs"]
 _LAZY = {"Analysis", "Evaluation", "Maps", "Model", "open", "rows", "runs"}

@@ -20,7 +20,7 @@ from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf.errors import OmegaConfBaseException
 
-from heads_lab import __version__
+from heads_lab._version import __version__
 from heads_lab.config.compose import (
     compose,
     config_dir,
