@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,6 @@ from heads_lab.errors import ConfigError
 from heads_lab.subjects.trained import (
     FORWARD_REPEATS,
     TrainedSubject,
-    _head,
     _timed,
     open_trained,
 )
@@ -152,17 +150,7 @@ class TrainedLMSubject(TrainedSubject):
     def notes(self, gradient) -> dict[str, Any]:
         return {"not_measured": dict(NOT_MEASURED)}
 
-    # prune
-    @cached_property
-    def eval_split(self):
-        p = self.run.prune
-        return _head(self.corpus.splits[p.eval_split], p.eval_sentences)
-
-    @cached_property
-    def importance_split(self):
-        p = self.run.prune
-        return _head(self.corpus.splits[p.split], p.eval_sentences)
-
+    # prune (eval_split and importance_split: the translator's)
     def importance(self, masked, scope, groups: bool = False):
         from heads_lab.analysis import head_importance  # lazy: start-up time (torch)
 

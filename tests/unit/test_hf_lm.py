@@ -206,6 +206,18 @@ def test_a_groups_importance_is_one_gate_over_its_query_heads(tiny):
         assert float(grads[g]) == pytest.approx((values[0] - values[1]) / (2 * eps), rel=2e-2)
 
 
+def _library_nll(pre, src) -> tuple[float, int]:
+    """Σ NLL (nats) and predicted tokens of the texts `src`, by the library's own loss, one
+    text at a time."""
+    nll, tokens = 0.0, 0
+    with torch.no_grad():
+        for ids in src:
+            x = torch.tensor([ids])
+            nll += float(pre.model(input_ids=x, labels=x).loss) * (len(ids) - 1)
+            tokens += len(ids) - 1
+    return nll, tokens
+
+
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_perplexity_and_bits_per_byte_are_a_plain_transformers_loop(tiny, family):
     """At 0 % pruned, prune's metric is the library's own loss, one text at a time: Σ over
@@ -213,12 +225,7 @@ def test_perplexity_and_bits_per_byte_are_a_plain_transformers_loop(tiny, family
     byte (bits per byte), batched and padded or not."""
     pre = load(f"hf:{tiny[family]}")
     src = pre.tokens.encode(TEXTS)
-    nll, tokens = 0.0, 0
-    with torch.no_grad():
-        for ids in src:
-            x = torch.tensor([ids])
-            nll += float(pre.model(input_ids=x, labels=x).loss) * (len(ids) - 1)
-            tokens += len(ids) - 1
+    nll, tokens = _library_nll(pre, src)
     size = sum(len(t.encode("utf-8")) for t in TEXTS)
     row = evaluate(pre, EvalData(src, None, None, TEXTS), {}, beam=1, batch_size=3)
     assert row["tokens"] == tokens and row["bytes"] == size
@@ -290,12 +297,7 @@ def test_an_end_token_the_tokenizer_appends_is_scored_and_counted_as_one_byte(ti
     pre = load(f"hf:{tiny['llama']}")
     eos = pre.tokens.tok.eos_token_id
     src = [ids + [eos] for ids in pre.tokens.encode(TEXTS)]
-    nll, tokens = 0.0, 0
-    with torch.no_grad():
-        for ids in src:
-            x = torch.tensor([ids])
-            nll += float(pre.model(input_ids=x, labels=x).loss) * (len(ids) - 1)
-            tokens += len(ids) - 1
+    nll, tokens = _library_nll(pre, src)
     size = sum(len(t.encode("utf-8")) for t in TEXTS) + len(TEXTS)
     row = evaluate(pre, EvalData(src, None, None, TEXTS), {}, beam=1, batch_size=4)
     assert row["bytes"] == size and row["tokens"] == tokens
