@@ -1,6 +1,7 @@
-"""The report's figures: BLEU and PPL against the swept setting, BLEU against cost, and each
-row's validation curve. Rows are report/rows.py's Row (read by their runs' configs and metrics).
-Torch-free."""
+"""The report's figures: BLEU (a language model's bits per byte) and PPL against the swept
+setting, BLEU against cost (a language model's rows with caches of different sizes: bits per byte
+against KV-cache bytes per token too), and each row's validation curve. Rows are
+report/rows.py's Row (read by their runs' configs and metrics). Torch-free."""
 
 from __future__ import annotations
 
@@ -78,9 +79,9 @@ def plot(rows: list, varying: list[str], split: str, out: Path,
             ax.set_xticks([])
             ax.set_yticks([])
             continue
-        for label, order in lines.items():  # settings side by side are joined by no line
+        for line, order in lines.items():  # settings side by side are joined by no line
             ax.errorbar([xs[i] for i in order], [mean[i] for i in order],
-                        [std[i] for i in order], marker="o", capsize=4, label=label or None,
+                        [std[i] for i in order], marker="o", capsize=4, label=line or None,
                         linestyle="-" if numeric else "none")
         if len(lines) > 1:
             ax.legend(fontsize=8)
@@ -105,28 +106,56 @@ def plot(rows: list, varying: list[str], split: str, out: Path,
     fig.savefig(first, dpi=120)
     plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(5.5, 4))
     speed, speed_std = series("train/tokens_per_s")
     cost_name = "training target tokens/s"
     if all(math.isnan(x) for x in speed):  # e.g. pruned models (heads-lab prune): their size
         speed, speed_std = series("cost/params")
         cost_name = "parameters"
-    bleu, bleu_std = series(f"{split}/{key}")
-    ax.errorbar(speed, bleu, yerr=bleu_std, xerr=speed_std, fmt="o", capsize=3)
-    for row, x, y in zip(rows, speed, bleu):
-        ax.annotate(wrapped(row.label), (x, y), fontsize=7, xytext=(3, 3),
+    quality_of = series(f"{split}/{key}")
+    second = _against(rows, (speed, speed_std), quality_of, cost_name, f"{split} {label}",
+                      out / "report_quality_vs_cost.png")
+    kv = [_kv_cache(row) for row in rows]
+    more = []
+    if key == "bits_per_byte" and len({x for x in kv if not math.isnan(x)}) > 1:
+        # a language model's rows with caches of different sizes: what their heads cost at
+        # generation against what they score (multi- and grouped-query attention)
+        more.append(_against(rows, (kv, [0.0] * len(kv)), quality_of,
+                             "KV cache bytes per token (fp32)", f"{split} {label}",
+                             out / "report_quality_vs_kv_cache.png", log_x=True))
+    third = plot_valid_curves(rows, out / "report_valid_curves.png")
+    return [first, second, *more] + ([third] if third else [])
+
+
+def _kv_cache(row) -> float:
+    """A row's KV-cache bytes per token (its runs' cost account), NaN where a run has none."""
+    values = [r.results.get("cost", {}).get("kv_cache_bytes_per_token") for r in row.runs]
+    return statistics.fmean(values) if values and None not in values else math.nan
+
+
+def _against(rows: list, x: tuple[list, list], y: tuple[list, list], x_name: str, y_name: str,
+             path: Path, log_x: bool = False) -> Path:
+    """y (mean ± std over seeds) against x, a labelled point per row, written to `path`."""
+    import matplotlib.pyplot as plt  # lazy: start-up time (matplotlib; `plot` chose Agg)
+
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    ax.errorbar(x[0], y[0], yerr=y[1], xerr=x[1], fmt="o", capsize=3)
+    for row, a, b in zip(rows, x[0], y[0]):
+        ax.annotate(wrapped(row.label), (a, b), fontsize=7, xytext=(3, 3),
                     textcoords="offset points")
-    ax.set_xlabel(cost_name)
-    ax.set_ylabel(f"{split} {label}")
+    if log_x:
+        ax.set_xscale("log", base=2)
+        ticks = sorted({a for a in x[0] if not math.isnan(a)})
+        ax.set_xticks(ticks, [f"{a:,.0f}" for a in ticks])
+        ax.minorticks_off()
+    ax.set_xlabel(x_name)
+    ax.set_ylabel(y_name)
     ax.grid(alpha=0.3)
-    ax.set_title(f"{split} {label} against {cost_name}", fontsize=10)
+    ax.set_title(f"{y_name} against {x_name}", fontsize=10)
     tight(fig)
     inside(ax)
-    second = out / "report_quality_vs_cost.png"
-    fig.savefig(second, dpi=120)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
-    third = plot_valid_curves(rows, out / "report_valid_curves.png")
-    return [first, second] + ([third] if third else [])
+    return path
 
 
 def inside(ax, tries: int = 6) -> None:

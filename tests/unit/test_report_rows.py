@@ -758,6 +758,9 @@ def test_report_figures_a_reader_can_trust(tmp_path, monkeypatch):
     assert [t.get_text() for t in ppl_ax.texts] == ["no valid PPL in these runs"]
     assert list(ppl_ax.get_yticks()) == []
     assert quality._suptitle.get_text().startswith("3 rows: ")
+    assert bleu_ax.get_title() == "test BLEU (mean ± std over seeds)"
+    assert cost.axes[0].get_title() == "test BLEU against training target tokens/s"
+    assert cost.axes[0].get_ylabel() == "test BLEU"
     cost.canvas.draw()
     frame = cost.axes[0].get_window_extent()
     for text in cost.axes[0].texts:
@@ -768,6 +771,27 @@ def test_report_figures_a_reader_can_trust(tmp_path, monkeypatch):
     one[0].metrics.update({"valid/ppl": 6.0})
     plot(*group(one), "test", tmp_path)
     assert kept[0]._suptitle.get_text() == "1 row"
+    kept.clear()  # a language model's quality: bits per byte, named in both figures
+    one[0].metrics.update({"test/bits_per_byte": 2.2, "train/tokens_per_s": 900.0})
+    plot(*group(one), "test", tmp_path, quality=("bits_per_byte", "bits per byte"))
+    assert kept[1].axes[0].get_title() == "test bits per byte against training target tokens/s"
+    assert kept[0].axes[0].get_ylabel() == "test bits per byte"
+    assert len(kept) == 2  # one cache size: no KV-cache figure
+    kept.clear()  # language models whose KV caches differ: bits per byte against cache bytes
+    lm = [_run(s, kv_heads=k) for k in (1, 8) for s in (1, 2)]
+    for run in lm:
+        kv = run.config["model.kv_heads"]
+        run.metrics.update({"test/bits_per_byte": 2.0 + 0.01 * kv + 0.001 * run.config["seed"],
+                            "train/tokens_per_s": 900.0})
+        run.results["cost"] = {"kv_cache_bytes_per_token": 1024 * kv}
+    paths = plot(*group(lm), "test", tmp_path, quality=("bits_per_byte", "bits per byte"))
+    assert tmp_path / "report_quality_vs_kv_cache.png" in paths
+    ax = kept[2].axes[0]
+    assert ax.get_title() == "test bits per byte against KV cache bytes per token (fp32)"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1,024", "8,192"]
+    points = ax.get_lines()[0]  # the data line, before errorbar's cap lines
+    assert list(points.get_xdata()) == [1024, 8192]
+    assert list(points.get_ydata()) == pytest.approx([2.0115, 2.0815])
 
 
 def test_the_seed_aware_p_refuses_what_it_cannot_weigh(tmp_path):
