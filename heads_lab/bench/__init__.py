@@ -39,13 +39,14 @@ def main(args: list[str]) -> int:
     parser.add_argument("--device", default="auto", help="auto (a GPU if there is one), cpu, cuda, cuda:N")
     parser.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16"),
                         help="the table's main precision: auto is fp32 on CPU (with bf16 rows "
-                        "beside), bf16 on a GPU (with an fp32 row beside)")
+                        "beside), bf16 on a GPU (with an fp32 row beside); --lm: every row in "
+                        "it, none beside")
     parser.add_argument("--batch", type=int, default=None,
                         help="pairs per step (64; larger on a GPU); --lm: blocks per step (8)")
     parser.add_argument("--length", type=int, default=None,
                         help="tokens per sentence (20); --lm: tokens per block (256)")
-    parser.add_argument("--new-tokens", type=int, default=64,
-                        help="--lm: tokens each generated row grows by (64)")
+    parser.add_argument("--new-tokens", type=int, default=None,
+                        help="--lm: greedy decoding steps per generated row (64)")
     parser.add_argument("--compile", action="store_true",
                         help="add mha h=8 with its training forward compiled (trainer.compile) and "
                         "with its whole step captured (trainer.capture)")
@@ -140,8 +141,10 @@ def _check_options(opts) -> None:
     if opts.lm and (opts.depth or opts.profile or opts.compile or opts.capture_all):
         raise ConfigError("bench --lm measures eager training and generation: drop --depth, "
                           "--profile, --compile and --capture-all")
-    if not opts.lm and opts.new_tokens != 64:
+    if not opts.lm and opts.new_tokens is not None:
         raise ConfigError("--new-tokens is the generated length of bench --lm: add --lm")
+    if opts.lm:
+        _check_lm_overrides(opts.overrides)
     if opts.capture_all and not opts.compile:
         raise ConfigError("bench --capture-all adds captured rows to the compiled ones: add "
                           "--compile")
@@ -180,6 +183,33 @@ def _profile_table(result: dict):
                     "rows": body, "note": note}, "heads-lab bench --profile")
 
 
+def _check_lm_overrides(overrides: list[str]) -> None:
+    """bench --lm sets each row's heads itself, and its peers compute heads-lab's function only
+    where the model has what they have: refuse the settings that would make rows differ
+    unseen."""
+    values = dict(o.removeprefix("model.").split("=", 1) for o in overrides if "=" in o)
+    keys = set(values)
+    rows = keys & {"heads", "kv_heads", "head_dim", "attention", "heads_k", "heads_v",
+                   "talking_heads_in", "mixes", "mix_init"}
+    if rows:
+        raise ConfigError(f"bench --lm sets each row's heads itself (h = 1, 8, 32, kv_heads 2 "
+                          f"and 1, talking heads): drop model.{sorted(rows)[0]}")
+    different = [(key, bad) for key, bad in (("d_ff", "0"), ("positions", "none"))
+                 if values.get(key) == bad]
+    different += [(key, values[key]) for key in ("relative_positions", "attention_dropout")
+                  if values.get(key, "0") not in ("0", "0.0")]
+    if different:
+        key, value = different[0]
+        raise ConfigError(f"bench --lm: model.{key}={value} has no counterpart in its peers (a "
+                          "feed-forward block, sinusoidal positions, no relative biases or "
+                          f"attention dropout), so rows would compute different functions: drop "
+                          f"model.{key}")
+    d = values.get("d_model", "256")
+    if not d.isdigit() or int(d) % 32:
+        raise ConfigError(f"bench --lm: model.d_model={d} must be a multiple of 32 (its h = 32 "
+                          "row)")
+
+
 def _workload(opts):
     """The batch on its device, and the table's precision, from the command line."""
     from heads_lab.bench.measure import Workload  # lazy: start-up time (torch)
@@ -191,7 +221,10 @@ def _workload(opts):
     precision = opts.precision if opts.precision != "auto" else (
         "bf16" if device.type == "cuda" else "fp32")
     check_precision(device, precision)
-    batch, length = opts.batch or 64, opts.length or 20
+    if opts.lm:  # (its own sizes: _lm_workload)
+        return Workload(device=str(device)), precision
+    batch = 64 if opts.batch is None else opts.batch
+    length = 20 if opts.length is None else opts.length
     if min(batch, length) < 2:
         raise ConfigError("--batch and --length must be at least 2")
     return Workload(batch, length, device=str(device)), precision
@@ -202,11 +235,12 @@ def _lm_workload(opts, model):
     from heads_lab.bench.lm import LMWorkload  # lazy: start-up time (torch)
 
     translator, precision = _workload(opts)  # the device, the precision and their checks
-    work = LMWorkload(opts.batch or 8, opts.length or 256, new=opts.new_tokens,
-                      device=translator.device)
+    work = LMWorkload(*(default if given is None else given for given, default in (
+        (opts.batch, 8), (opts.length, 256))), new=64 if opts.new_tokens is None else
+        opts.new_tokens, device=translator.device)
     if min(work.batch, work.length, work.new) < 1:
         raise ConfigError("--batch, --length and --new-tokens must be at least 1")
-    longest = max(work.length, work.new + 2)  # a block; BOS + generated tokens + EOS
+    longest = max(work.length, work.new + 1)  # a block; BOS + the generated tokens
     if longest > model.max_positions:
         raise ConfigError(f"bench --lm needs {longest} positions (--length {work.length}, "
                           f"--new-tokens {work.new}), more than model.max_positions="

@@ -222,10 +222,11 @@ class HFCausalPeer(nn.Module):
     """A Hugging Face causal LM built from its config at heads-lab's dims (no download), with
     SDPA attention, trained by the bench's step and generating by transformers' own `generate`
     with its key/value cache: GPT-2 (GPT2LMHeadModel: learned positions, pre-norm, the config's
-    activation and dropout) or Llama (LlamaForCausalLM: RoPE, RMSNorm, a SwiGLU feed-forward of
+    activation; dropout on the embeddings and the residual branches, none on the feed-forward's
+    inner activation) or Llama (LlamaForCausalLM: RoPE, RMSNorm, a SwiGLU feed-forward of
     intermediate size d_ff — three matrices where heads-lab has two, so more parameters at the
-    same d_ff —, model.kv_heads key/value heads, no residual dropout). Output layers tied, as
-    heads-lab's."""
+    same d_ff —, model.kv_heads key/value heads, no dropout but on the attention weights).
+    Output layers tied, as heads-lab's."""
 
     def __init__(self, cfg: ModelConfig, vocab_size: int, pad_id: int = 0, family: str = "gpt2"):
         super().__init__()
@@ -254,7 +255,7 @@ class HFCausalPeer(nn.Module):
         self.hf = model_class._from_config(config, attn_implementation="sdpa")
 
     def decode(self, tokens: Tensor, enc: Encoded | None = None) -> Tensor:
-        return self.hf.base_model(input_ids=tokens).last_hidden_state
+        return self.hf.base_model(input_ids=tokens, use_cache=False).last_hidden_state
 
     def logits(self, hidden: Tensor) -> Tensor:
         return self.hf.lm_head(hidden)

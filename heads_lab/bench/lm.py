@@ -11,10 +11,17 @@ without a cache as nanoGPT does); with `peers`, Hugging Face's GPT-2 and Llama (
 kv_heads=2) built from their configs (bench.baseline.HFCausalPeer), generating with their cache.
 
 Every row trains by the same step (forward, summed cross-entropy — no label smoothing, as the LM
-recipe — backward, heads-lab's AdamW step), so the rows differ by the model alone. FLOPs are
-counted per row by torch.utils.flop_counter on one forward pass (a training step: 3×), so a
-peer with more work at the same dims (Llama's three-matrix feed-forward) is credited for it.
-Rows take turns step by step (drift on a shared machine hits all alike); each number is a median.
+recipe — backward, heads-lab's AdamW step), so the rows differ by their implementation: each
+model's own layers, dropout and output loss (heads-lab's fused, chunked one; the peers' full
+logits). Dropout is not the same work everywhere: heads-lab and the nanoGPT-style model drop the
+embeddings, each residual branch and the feed-forward's inner activation; GPT-2 drops the
+embeddings and residual branches only; Llama drops nothing (it has attention dropout alone, 0
+here). FLOPs are counted per row by torch.utils.flop_counter on one forward pass with SDPA's math
+path (its fused CPU kernel goes uncounted otherwise; a training step: 3×), so a peer with more
+work at the same dims (Llama's three-matrix feed-forward) is credited for it. Rows take turns
+(each turn runs two steps and times the second, so drift on a shared machine hits all alike);
+each number is a median. Generation: every row runs `new` decoding steps after a BOS (heads-lab's
+last one its forced EOS), greedy, a forward pass per step.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from heads_lab.bench.baseline import LM_PEERS
@@ -80,23 +88,20 @@ def rows(model: ModelConfig, quick: bool = False, peers: bool = False,
     def with_(**kw) -> ModelConfig:
         return dataclasses.replace(model, **kw)
 
-    mha = AttentionKind.mha
-    ours = [LMRow(MHA8, with_(heads=8, attention=mha), precision),
-            LMRow("mha h=8 kv_heads=1", with_(heads=8, kv_heads=1, attention=mha), precision)]
+    def mha(heads: int, kv_heads: int | None = None) -> ModelConfig:  # d_k = d_model / h
+        return with_(heads=heads, kv_heads=kv_heads, attention=AttentionKind.mha, head_dim=None)
+
+    ours = [LMRow(MHA8, mha(8), precision), LMRow("mha h=8 kv_heads=1", mha(8, 1), precision)]
     if not quick:
-        ours = [LMRow("mha h=1", with_(heads=1, attention=mha), precision), ours[0],
-                LMRow("mha h=32", with_(heads=32, attention=mha), precision),
-                LMRow("mha h=8 kv_heads=2", with_(heads=8, kv_heads=2, attention=mha), precision),
-                ours[1],
-                LMRow("talking_heads h=8", with_(heads=8, attention=AttentionKind.talking_heads),
-                      precision)]
-    plain = with_(heads=8, attention=mha, kv_heads=None, head_dim=None)
-    out = ours + [LMRow("nanoGPT-style h=8", plain, precision, peer="plain")]
+        talking = with_(heads=8, attention=AttentionKind.talking_heads, head_dim=None)
+        ours = [LMRow("mha h=1", mha(1), precision), ours[0], LMRow("mha h=32", mha(32), precision),
+                LMRow("mha h=8 kv_heads=2", mha(8, 2), precision), ours[1],
+                LMRow("talking_heads h=8", talking, precision)]
+    out = ours + [LMRow("nanoGPT-style h=8", mha(8), precision, peer="plain")]
     if peers:
-        out += [LMRow("HF GPT-2 h=8", plain, precision, peer="gpt2"),
-                LMRow("HF Llama h=8", plain, precision, peer="llama"),
-                LMRow("HF Llama h=8 kv_heads=2", with_(heads=8, kv_heads=2, attention=mha,
-                                                       head_dim=None), precision, peer="llama")]
+        out += [LMRow("HF GPT-2 h=8", mha(8), precision, peer="gpt2"),
+                LMRow("HF Llama h=8", mha(8), precision, peer="llama"),
+                LMRow("HF Llama h=8 kv_heads=2", mha(8, 2), precision, peer="llama")]
     return out
 
 
@@ -113,20 +118,22 @@ def lm_step(model, opt, precision: str, tokens: torch.Tensor, target: torch.Tens
 
 
 def forward_flops(model, tokens: torch.Tensor) -> float:
-    """FLOPs of one forward pass over `tokens` with the output layer, by torch's counter."""
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+    """FLOPs of one forward pass over `tokens` with the output layer, by torch's counter, SDPA
+    through its math path (whose products the counter sees; the fused CPU kernel it misses)."""
+    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         model.logits(model.decode(tokens))
     return float(counter.get_total_flops())
 
 
 def generate(row: LMRow, model, work: LMWorkload, use_cache: bool = True) -> list[list[int]]:
-    """`work.new` greedy tokens after a BOS for each of `work.batch` rows: heads-lab's decoder
-    (cached or not, EOS held back), a peer's own `generate`."""
+    """`work.new` greedy decoding steps after a BOS for each of `work.batch` rows: heads-lab's
+    decoder (cached or not; EOS held back but at the last step, its length limit), a peer's own
+    `generate`."""
     start = torch.full((work.batch, 1), BOS, dtype=torch.long, device=torch.device(work.device))
     if row.peer is not None:
         return model.generate(start, work.new)
     empty = start[:, :0]  # a language model reads no source
-    return greedy(model, empty, work.new + 1, use_cache, min_len=work.new)
+    return greedy(model, empty, work.new, use_cache, min_len=work.new)
 
 
 def generation_throughput(row: LMRow, model, work: LMWorkload, use_cache: bool = True,

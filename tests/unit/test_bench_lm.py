@@ -67,6 +67,40 @@ def test_the_nanogpt_style_peer_computes_heads_labs_language_model(norm):
     assert plain.generate(torch.full((3, 1), BOS), 6) == ids[:, 1:].tolist()
 
 
+def test_the_nanogpt_style_peer_drops_out_where_heads_lab_does(monkeypatch):
+    """Training mode, dropout made deterministic (each call scales by a constant that depends
+    on how many calls came before): equal logits only if both models drop out the same tensors
+    in the same order — embeddings, the attention and feed-forward branches, the feed-forward's
+    inner activation."""
+    import heads_lab.model.transformer as transformer
+
+    calls = []
+
+    def fake(x, p=0.5, training=True, inplace=False):
+        if not training or p == 0:
+            return x
+        calls.append(tuple(x.shape))
+        return x * (1.0 + 0.1 * len(calls))
+
+    cfg = dataclasses.replace(TINY, dropout=0.1)
+    torch.manual_seed(0)
+    ours = LanguageModel(cfg, 50).double().train()
+    plain = PlainGPT(cfg, 50).double().train()
+    with torch.no_grad():
+        for name, weight in ours.named_parameters():
+            dict(plain.named_parameters())[_plain_name(name)].copy_(weight)
+    tokens = torch.randint(3, 50, (2, 7))
+    monkeypatch.setattr(transformer, "dropout", fake)
+    with torch.no_grad():
+        want = ours.logits(ours.decode(tokens))
+    ours_calls, calls[:] = list(calls), []
+    monkeypatch.setattr(torch.nn.functional, "dropout", fake)
+    with torch.no_grad():
+        got = plain.logits(plain.decode(tokens))
+    assert calls == ours_calls and len(calls) == 1 + 3 * cfg.layers
+    assert (got - want).abs().max() < 1e-12 < want.abs().max()
+
+
 def test_the_hugging_face_peers_are_transformers_models_at_the_same_dims():
     """GPT-2 and Llama from their configs: their dims are heads-lab's (Llama's key/value heads
     from model.kv_heads), the bench step trains them, and each generates exactly `new` tokens
@@ -124,6 +158,7 @@ def test_bench_lm_command_writes_its_rows(tmp_path, monkeypatch):
     assert rows["nanoGPT-style h=8"]["params"] == rows["mha h=8"]["params"]
     assert rows["mha h=8"]["cache_identical"] is True
     assert all(r["tokens_per_s"] > 0 and r["generate_tokens_per_s"] > 0 for r in rows.values())
+    assert rows["nanoGPT-style h=8"]["flops_per_token"] == rows["mha h=8"]["flops_per_token"]
     th = rows["talking_heads h=8"]
     assert th["params"] == rows["mha h=8"]["params"] + 2 * 2 * 8 * 8  # P_l, P_w per layer
 
@@ -131,7 +166,14 @@ def test_bench_lm_command_writes_its_rows(tmp_path, monkeypatch):
 @pytest.mark.parametrize("args,message", [
     (["--lm", "--depth"], "bench --lm measures eager training and generation"),
     (["--lm", "--compile"], "drop --depth, --profile, --compile"),
-    (["--new-tokens", "8"], "--new-tokens is the generated length of bench --lm"),
+    (["--new-tokens", "64"], "--new-tokens is the generated length of bench --lm"),
+    (["--lm", "model.kv_heads=2"], "sets each row's heads itself .* drop model.kv_heads"),
+    (["--lm", "model.d_ff=0"], r"model.d_ff=0 has no counterpart in its peers"),
+    (["--lm", "model.positions=none"], r"model.positions=none has no counterpart"),
+    (["--lm", "model.attention_dropout=0.1"], r"model.attention_dropout=0.1 has no counterpart"),
+    (["--lm", "model.d_model=48"], "model.d_model=48 must be a multiple of 32"),
+    (["--batch", "0"], "--batch and --length must be at least 2"),
+    (["--lm", "--batch", "0"], "--batch, --length and --new-tokens must be at least 1"),
     (["--lm", "--length", "600"], "bench --lm needs 600 positions"),
     (["--lm", "--new-tokens", "0"], "--new-tokens must be at least 1"),
     (["--lm", "model.encoder_layers=0", "model.layers=0"], "model.layers"),
