@@ -178,6 +178,9 @@ class EvalConfig:
     bleu_tokenize: str | None = opt(None, "sacrebleu tokenizer; None = sacrebleu's default (13a)")
     sacrebleu_test: str | None = opt(None, "e.g. wmt14: test on sacrebleu's copy of a standard set")
     average_last: int = opt(1, "`heads-lab eval`: average the weights of the last N checkpoints")
+    context: int = opt(0, "task=lm on documents: each held-out block is read after up to this "
+                       "many tokens of the text before it, only its own tokens scored (a sliding "
+                       "window whose stride is data.block_size); 0 = none, each block from its BOS")
     head_mask: str | None = opt(None, "heads zeroed at evaluation, e.g. enc:0:3,dec-enc:2:*")
     checkpoint: EvalCheckpoint = opt(EvalCheckpoint.last, "which weights `train` evaluates at "
                                      "its end: last (the final step's) | best (the best "

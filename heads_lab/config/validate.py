@@ -260,6 +260,15 @@ def _check_data(d, t, m, task: str = "translate") -> None:
 
 def _check_eval(e, d, m, task: str = "translate") -> None:
     _check(e.average_last >= 1, f"eval.average_last={e.average_last} must be >= 1")
+    _check(e.context >= 0, f"eval.context={e.context} must be >= 0 (0 = each block from its BOS)")
+    if e.context:
+        _check(task == "lm" and d.name == "shakespeare", f"eval.context={e.context} reads a "
+               "document's held-out blocks after the text before them: it needs task=lm "
+               "data=shakespeare (sentences are scored each from its BOS); drop eval.context")
+        _check(1 + e.context + d.block_size <= m.max_positions, f"eval.context={e.context} and "
+               f"data.block_size={d.block_size} need {1 + e.context + d.block_size} positions "
+               f"(BOS, context, block), more than model.max_positions={m.max_positions}: lower "
+               "eval.context")
     _check(e.beam >= 1, f"eval.beam={e.beam} must be >= 1 (1 = greedy)")
     _check(e.lenpen >= 0, f"eval.lenpen={e.lenpen} must be >= 0")
     _check(e.max_sentences >= 1, f"eval.max_sentences={e.max_sentences} must be >= 1")

@@ -2,12 +2,13 @@
 and bits per byte, copy accuracy on repeats, and samples.
 
 - Held-out text is scored row by row as the data gives it (heads_lab.data.lm): documents in
-  non-overlapping blocks, each read from its BOS (no sliding window: a block's first tokens have
-  little context, as in any non-overlapping evaluation), sentences each from its BOS with its
-  EOS predicted. PPL = exp(Σ NLL / Σ tokens scored); bits per byte = Σ NLL / (ln 2 · Σ UTF-8
-  bytes scored, an EOS one byte). Every row's (tokens, bytes, NLL) is written
-  (`scores.<split>.tsv`), so a report can resample rows: bits per byte is a ratio of sums, not
-  a mean of the rows' own.
+  non-overlapping blocks, each read from its BOS (a block's first tokens have little context, as
+  in any non-overlapping evaluation; `eval.context` reads each block after up to that many tokens
+  of the text before it, scoring only the block's own: a sliding window with the block as its
+  stride), sentences each from its BOS with its EOS predicted. PPL = exp(Σ NLL / Σ tokens
+  scored); bits per byte = Σ NLL / (ln 2 · Σ UTF-8 bytes scored, an EOS one byte). Every row's
+  (tokens, bytes, NLL) is written (`scores.<split>.tsv`), so a report can resample rows: bits
+  per byte is a ratio of sums, not a mean of the rows' own.
 - Copy accuracy (data=repeats): the share of the second copy's tokens, the first of them
   excepted, that the model predicts greedily (argmax): copying in context.
 - Samples: greedy and temperature continuations from the BOS (or a held-out text's start),
@@ -31,15 +32,39 @@ from heads_lab.output.files import write_lines
 LN2 = math.log(2)
 
 
+def in_context(split: Split, context: int) -> tuple[Split, np.ndarray]:
+    """A split of document blocks (open_end, consecutive) with each block preceded by up to
+    `context` tokens of the blocks before it, and how many leading tokens of each row are that
+    context (read, not scored)."""
+    stream = np.concatenate([np.asarray(split.tgt[i], dtype=np.int64) for i in range(len(split))])
+    lengths = np.asarray(split.tgt.lengths, dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    rows, lead = [], np.zeros(len(split), dtype=np.int64)
+    for i, start in enumerate(starts):
+        first = max(0, int(start) - context)
+        lead[i] = int(start) - first
+        rows.append(stream[first:int(start) + int(lengths[i])].tolist())
+    return Split(None, None, [[] for _ in rows], rows, open_end=True), lead
+
+
 @torch.no_grad()
-def row_nll(model, split: Split, max_tokens: int, device) -> tuple[np.ndarray, np.ndarray]:
-    """(Σ NLL in nats, tokens scored) of every row of `split`, in its order."""
+def row_nll(model, split: Split, max_tokens: int, device,
+            context: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(Σ NLL in nats, tokens scored) of every row of `split`, in its order. `context` (document
+    blocks only): each block read after up to that many tokens of the text before it, its own
+    tokens alone scored (eval.context)."""
+    lead = np.zeros(len(split), dtype=np.int64)
+    if context and split.open_end:
+        split, lead = in_context(split, context)
     nll = np.zeros(len(split))
     tokens = np.zeros(len(split), dtype=np.int64)
     with evaluating(model):
         for ids in bucket(split.src_lens, split.tgt_lens, max_tokens):
             batch = collate(split, ids).to(device)
             keep = batch.tgt_out != model.pad_id  # [batch, len]
+            if lead[ids].any():  # the context's tokens are read, not scored
+                position = torch.arange(keep.shape[1], device=keep.device)[None, :]
+                keep &= position >= torch.from_numpy(lead[ids]).to(keep.device)[:, None]
             hidden = model.decode(batch.tgt_in, model.encode(batch.src))
             logits = model.logits(hidden).float()  # [batch, len, vocab]
             losses = F.cross_entropy(logits.transpose(1, 2), batch.tgt_out, reduction="none")

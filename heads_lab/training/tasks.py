@@ -116,7 +116,8 @@ class LM:
         name = run.eval.split
         split = corpus.splits[name]
         with autocast(device, run.trainer.precision), masked(model, _heads(run, model)):
-            nll, tokens = language.row_nll(model, split, run.trainer.max_tokens, device)
+            nll, tokens = language.row_nll(model, split, run.trainer.max_tokens, device,
+                                           run.eval.context)
             copy = language.copy_accuracy(model, split, run.trainer.max_tokens, device)
             samples = language.write_samples(model, corpus.tokenizer, split,
                                              out_dir / f"{prefix}samples.txt", device, run.seed)
@@ -128,7 +129,10 @@ class LM:
         if copy is not None:
             metrics[f"{name}/copy_accuracy"] = copy
         how = {"documents": f"non-overlapping blocks of up to {run.data.block_size} tokens, "
-                            "each read from its BOS (no sliding window)",
+                            + (f"each read from its BOS after up to {run.eval.context} tokens "
+                               "of the text before it (eval.context; only the block's own "
+                               "tokens scored)" if run.eval.context else
+                               "each read from its BOS (no sliding window)"),
                "sentences": "each sentence from its BOS, its EOS predicted",
                "repeats": "each sequence from its BOS, its EOS predicted; copy accuracy over "
                           "the second copy's tokens but its first"}[corpus.lm]

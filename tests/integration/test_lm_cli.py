@@ -54,6 +54,9 @@ def test_eval_of_a_language_model_gives_its_numbers_again(lm_run):
     first = json.loads((lm_run / "results.json").read_text())["metrics"]
     assert again["test/bits_per_byte"] == pytest.approx(first["test/bits_per_byte"], rel=1e-9)
     assert "bits per byte" in proc.stdout
+    _assert_one_line_error(heads_lab("eval", str(lm_run), "eval.context=8", cwd=lm_run),
+                           "eval.context=8 reads a document's held-out blocks after the text")
+    assert len(list((lm_run / "evals").glob("*/eval.json"))) == 1  # nothing written for it
 
 
 @pytest.mark.slow  # two more trainings: `make test-slow` (CI runs it)

@@ -180,6 +180,39 @@ def test_the_model_is_causal_and_its_nll_is_a_plain_cross_entropy(tmp_path):
     assert row_bytes(split, byte_lengths(lm.tokenizer)).tolist() == split.bytes.tolist()
 
 
+def test_blocks_read_in_context_score_what_one_read_of_the_whole_text_scores():
+    """eval.context: each document block read after the text before it, its own tokens alone
+    scored. With context enough for all earlier blocks, the blocks' NLLs sum to that of the
+    whole text read once from its BOS (an independent reference: one plain forward pass); with
+    a shorter context each block's NLL is a forward pass over its last `context` tokens before
+    it; with none it is the non-overlapping score; tokens scored never change."""
+    from heads_lab.data import Split
+
+    torch.manual_seed(0)
+    model = LanguageModel(_run("model.max_positions=256").model, 60).eval()
+    stream = torch.randint(4, 60, (13,)).tolist()
+    blocks = [stream[0:5], stream[5:10], stream[10:13]]
+    split = Split(None, None, [[] for _ in blocks], blocks, open_end=True)
+    cpu = torch.device("cpu")
+
+    def nll_of(ids: list[int], scored: int) -> float:  # the last `scored` targets of BOS + ids
+        with torch.no_grad():
+            logits = model(torch.tensor([[]], dtype=torch.long), torch.tensor([[BOS, *ids[:-1]]]))
+        losses = F.cross_entropy(logits[0].double(), torch.tensor(ids), reduction="none")
+        return float(losses[-scored:].sum())
+
+    plain, plain_tokens = row_nll(model, split, 512, cpu)
+    assert plain.tolist() == pytest.approx([nll_of(b, len(b)) for b in blocks], rel=1e-6)
+    full, tokens = row_nll(model, split, 512, cpu, context=20)
+    assert tokens.tolist() == plain_tokens.tolist() == [5, 5, 3]
+    assert full.sum() == pytest.approx(nll_of(stream, len(stream)), rel=1e-6)
+    assert full[0] == pytest.approx(plain[0], rel=1e-9)  # nothing before the first block
+    short, _ = row_nll(model, split, 512, cpu, context=3)
+    assert short.tolist() == pytest.approx([nll_of(stream[0:5], 5), nll_of(stream[2:10], 5),
+                                            nll_of(stream[7:13], 3)], rel=1e-6)
+    assert abs(short[1] - plain[1]) > 1e-6  # the context is read: it changes the score
+
+
 def test_copy_accuracy_counts_the_second_copy_but_its_first_token():
     """A stand-in model that predicts every next token right scores 1; one that predicts the
     token itself again (never right on random tokens) scores 0."""
@@ -231,6 +264,10 @@ def test_the_lm_recipe_decays_matrices_only_and_follows_a_cosine():
      "data.block_size=600 needs 601 positions"),
     (["data=shakespeare", "data.block_size=256", "model.max_positions=257",
       "trainer.pad_multiple=8"], r"pads the longest sentence \(data.block_size \+ 1 = 257\)"),
+    (["data=shakespeare", "data.block_size=256", "model.max_positions=512",
+      "eval.context=256"], r"need 513 positions \(BOS, context, block\)"),
+    (["eval.context=8"], "eval.context=8 reads a document's held-out blocks"),
+    (["eval.context=-1"], "eval.context=-1 must be >= 0"),
     (["trainer.max_steps=null", "trainer.max_epochs=2"], "schedule=cosine decays"),
     (["model.init=admin", "model.norm=post"], "model.init=admin profiles a translator"),
 ])
