@@ -22,7 +22,9 @@ report.base and report.paper (without a preset's report.base, the base is the fi
 order of the settings, whichever dir it came from): `heads-lab report <new sweep> <runs of an
 earlier sweep with the same settings>` reuses finished runs instead of repeating them; a head-shape
 key one preset leaves None and another sets to the value the None stands for (model.kv_heads None =
-model.heads) is one setting, so those runs share a row.
+model.heads) is one setting, so those runs share a row. `--choose KEY` (e.g. trainer.lr, tuned per
+setting on seed 1): each setting keeps only its best value's row, compared on the seeds its values
+share (report/choose.py); every value's score goes to chosen.md and chosen.csv.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ from heads_lab.output.files import ensure_writable
 from heads_lab.output.tables import plain, to_rich, wide_console, write_csv, write_markdown
 from heads_lab.output.trackers import report_to_wandb
 from heads_lab.report import lm as lm_report
+from heads_lab.report.choose import choose
+from heads_lab.report.choose import table as choice_table
 from heads_lab.report.figures import plot
 from heads_lab.report.lm import is_lm, split_of
 from heads_lab.report.rows import (
@@ -68,10 +72,11 @@ from heads_lab.report.seeds import (
     significance,
 )
 
-USAGE = "heads-lab report <dir> [<dir> ...] [--out DIR] [--samples N] [--wandb [--wandb-mode M]]"
+USAGE = ("heads-lab report <dir> [<dir> ...] [--out DIR] [--samples N] [--choose KEY] "
+         "[--wandb [--wandb-mode M]]")
 
 
-def main(args: list[str]) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="heads-lab report", usage=USAGE, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("dirs", nargs="+", help="multirun dirs, run dirs, dirs holding them, or "
@@ -79,13 +84,22 @@ def main(args: list[str]) -> int:
     parser.add_argument("--out", help="where to write report.md/.csv, runs.csv and the PNGs (default: "
                                           "first dir)")
     parser.add_argument("--samples", type=int, default=1000, help="bootstrap resamples")
+    parser.add_argument("--choose", metavar="KEY",
+                        help="a setting tuned per row, e.g. trainer.lr: keep, for each setting of "
+                             "the others, the value with the lowest validation score (valid bits "
+                             "per byte, a translator's valid PPL) on the seeds its values share; "
+                             "the choices go to chosen.md and chosen.csv")
     parser.add_argument("--wandb", action="store_true",
                         help="also log the table and plots to a wandb run (job_type report, in "
                              "the runs' project and group), under <out>/wandb")
     parser.add_argument("--wandb-mode", choices=("offline", "online"), default=None,
                         help="with --wandb: offline (the default) | online (needs a network "
                              "and WANDB_API_KEY; without one: offline)")
-    opts = parser.parse_args(args)
+    return parser
+
+
+def main(args: list[str]) -> int:
+    opts = _parser().parse_args(args)
     if opts.wandb_mode and not opts.wandb:
         raise ConfigError(f"--wandb-mode {opts.wandb_mode} without --wandb logs nothing: add "
                           "--wandb")
@@ -105,10 +119,14 @@ def main(args: list[str]) -> int:
     ensure_writable(out, "--out" if opts.out else "the first dir")  # before the bootstrap
     rows, varying = group(runs)
     lm = is_lm(runs)  # language models: PPL and bits per byte (heads_lab/report/lm.py)
+    choices = None
+    if opts.choose:  # one value of a tuned setting per row (heads_lab/report/choose.py)
+        rows, varying, choices = choose(rows, varying, opts.choose, lm)
+    kept = [r for row in rows for r in row.runs]  # (the first dir's runs still set the preset)
     split = split_of(runs[0])
     # on stderr: stdout keeps the table alone; markup off, as the other consoles (paths print whole)
     status = Console(stderr=True, soft_wrap=True, markup=False)
-    status.print(f"report: {len(runs)} runs in {len(rows)} rows; p of "
+    status.print(f"report: {len(kept)} runs in {len(rows)} rows; p of "
                  f"{'bits per byte' if lm else 'BLEU'} against the base row ({opts.samples} "
                  f"{'row' if lm else 'sentence'} draws) ...")
     started = time.monotonic()
@@ -117,29 +135,37 @@ def main(args: list[str]) -> int:
     console = wide_console()
     for name, table in tables:
         console.print(to_rich(table, f"heads-lab report{f': data={name}' if name else ''}"))
+    if choices is not None:
+        chosen = choice_table(choices, opts.choose, lm)
+        console.print(to_rich(chosen, f"heads-lab report: {opts.choose} chosen per setting"))
     for where, status in problems:
         console.print(f"[yellow]not in the table[/]: {escape(str(where))} ({escape(str(status))})",
                       markup=True)
     write_markdown(out / "report.md", tables, problems)
     write_csv(out / "report.csv", [table for _, table in tables])
+    if choices is not None:
+        write_markdown(out / "chosen.md", chosen)
+        write_csv(out / "chosen.csv", chosen)
     home = Path.home().resolve()
     write_csv(out / "runs.csv", lm_report.runs_table(rows, split, lambda r: lm_report.where(
         r, home)) if lm else runs_table(rows, split, seed_p))
     table = tables[0][1] if len(tables) == 1 else joined(tables)
-    pngs = plot(rows, varying, split, out,
+    drawn = [k for k in varying if k != opts.choose]  # a chosen value is no axis of its own
+    pngs = plot(rows, drawn, split, out,
                 ("bits_per_byte", "bits per byte") if lm else ("bleu", "BLEU"))
     console.print(f"report: {out / 'report.md'}, {out / 'report.csv'}, {out / 'runs.csv'}, "
+                  + "".join(f"{out / n}, " for n in ("chosen.md", "chosen.csv") if choices)
                   + ", ".join(map(str, pngs)))
     if not any(p.name == "report_valid_curves.png" for p in pngs):
         console.print("no report_valid_curves.png: no run validated twice or more "
                       "(trainer.valid_every below trainer.max_steps draws the curves)")
     if opts.wandb:
         where = report_to_wandb(
-            [r.results.get("wandb") or {} for r in runs],
+            [r.results.get("wandb") or {} for r in kept],
             runs[0].config.get("logger.project") or "heads-lab",
             sorted({t for r in runs for t in (r.config.get("tags") or [])}),
-            {"report.dirs": sorted({str(r.dir.resolve()) for r in runs}),
-             "report.runs": len(runs), "report.varying": table["varying"]},
+            {"report.dirs": sorted({str(r.dir.resolve()) for r in kept}),
+             "report.runs": len(kept), "report.varying": table["varying"]},
             plain(table), pngs, out, opts.wandb_mode)  # numbers, as report.csv
         if where:
             console.print(f"wandb report run: {where} (upload: wandb sync {where})")

@@ -165,3 +165,44 @@ def test_a_language_model_trains_data_parallel_as_one_process_does(tmp_path):
     assert b["train"]["data_parallel"] == 2 and a["train"]["tokens"] == b["train"]["tokens"]
     for x, y in zip(a["train"]["valid_history"], b["train"]["valid_history"], strict=True):
         assert x["valid/bits_per_byte"] == pytest.approx(y["valid/bits_per_byte"], rel=1e-4)
+
+
+def test_report_choose_keeps_each_settings_best_rate_from_the_run_files(lm_run, tmp_path):
+    """`heads-lab report --choose trainer.lr` on a study's run dirs (copies of one trained run,
+    their rate, seed and valid score rewritten): per head count the rate with the lowest valid
+    bits per byte on seed 1 is kept with its other seeds, the choices are written and flagged."""
+    import shutil
+
+    heads = json.loads((lm_run / "results.json").read_text())["config"]["model"]["heads"]
+    grid = {(1, 5e-4): 2.3, (1, 1e-3): 2.2, (1, 2e-3): 2.25,  # h = 1: 1e-3, inside
+            (heads, 5e-4): 2.3, (heads, 1e-3): 2.1}  # h = heads: 1e-3, the largest tried
+    later = [(1, 1e-3, 2, 2.6), (heads, 1e-3, 2, 2.7), (heads, 5e-4, 3, 1.0)]
+    for h, lr, seed, bpb in [(h, lr, 1, bpb) for (h, lr), bpb in grid.items()] + later:
+        run = tmp_path / "study" / f"h{h}_lr{lr}_s{seed}"
+        shutil.copytree(lm_run, run, ignore=shutil.ignore_patterns("checkpoints", "evals"))
+        results = json.loads((run / "results.json").read_text())
+        results["config"]["model"]["heads"] = h
+        results["config"]["trainer"]["lr"], results["config"]["seed"] = lr, seed
+        results["overrides"] = [f"model.heads={h}", f"trainer.lr={lr}", f"seed={seed}"]
+        results["metrics"]["valid/bits_per_byte"] = bpb
+        (run / "results.json").write_text(json.dumps(results))
+    proc = heads_lab("report", str(tmp_path / "study"), "--choose", "trainer.lr", "--out",
+                     str(tmp_path / "out"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    report = (tmp_path / "out" / "report.md").read_text()
+    rows = [line.split("|")[1].strip().removesuffix(" (base)") for line in report.splitlines()
+            if line.startswith("| h=")]
+    assert rows == ["h=1,lr=0.001", f"h={heads},lr=0.001"]  # seed 3's 1.0 at 5e-4 counts not
+    runs_csv = (tmp_path / "out" / "runs.csv").read_text()
+    assert runs_csv.count("lr=0.001") >= 4 and "lr=0.0005" not in runs_csv
+    chosen = (tmp_path / "out" / "chosen.csv").read_text().splitlines()
+    assert chosen[0] == ("setting,lr=0.0005,lr=0.001,lr=0.002,chosen lr,compared on seeds,"
+                         "runs at the chosen value,note")
+    assert chosen[1:] == ["h=1,2.3000,2.2000,2.2500,0.001,1,2,",
+                          f"h={heads},2.3000,2.1000,,0.001,1,2,the largest value tried: a larger one "
+                          "may be better"]
+    assert "trainer.lr chosen per setting" in proc.stdout
+    _assert_one_line_error(heads_lab("report", str(tmp_path / "study"), "--choose", "model.d_ff",
+                                     "--out", str(tmp_path / "bad"), cwd=tmp_path),
+                           "--choose model.d_ff: it does not vary between these runs")
+    assert not (tmp_path / "bad" / "report.md").exists()

@@ -1,0 +1,92 @@
+"""`heads-lab report --choose KEY` (heads_lab/report/choose.py): the value of a tuned setting kept
+per row, compared on the seeds every value shares; edges flagged; bad use refused in one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from heads_lab.errors import ConfigError
+from heads_lab.report.choose import choose, table
+from heads_lab.report.rows import Run, group
+
+
+def _run(kv: int, lr: float, seed: int, bpb: float | None, *, lm: bool = True) -> Run:
+    config = {"seed": seed, "task": "lm" if lm else "translate", "model.d_model": 256,
+              "model.heads": 8, "model.head_dim": None, "model.attention": "mha",
+              "model.kv_heads": kv, "model.heads_k": None, "model.heads_v": None,
+              "trainer.lr": lr}
+    metrics = {} if bpb is None else {"valid/bits_per_byte" if lm else "valid/ppl": bpb}
+    return Run(Path(f"kv{kv}-lr{lr}-s{seed}"), config, metrics, {})
+
+
+# seed 1 tunes the rate of each kv setting; seeds 2 and 3 ran at the rate seed 1 chose
+GRID = {1: {5e-4: 2.33, 1e-3: 2.20, 2e-3: 2.10},  # 2e-3: the largest tried
+        2: {5e-4: 2.33, 1e-3: 2.05, 2e-3: 2.11}}  # 1e-3: inside the grid
+LATER = {1: (2e-3, [2.40, 2.41]), 2: (1e-3, [2.50, 2.52])}  # seeds 2, 3: far worse than seed 1
+
+
+def _study() -> list[Run]:
+    runs = [_run(kv, lr, 1, bpb) for kv, rates in GRID.items() for lr, bpb in rates.items()]
+    runs += [_run(kv, lr, seed, bpb) for kv, (lr, scores) in LATER.items()
+             for seed, bpb in zip((2, 3), scores)]
+    return runs
+
+
+def test_each_setting_keeps_its_best_rate_on_the_seed_all_its_rates_share():
+    rows, varying = group(_study())
+    kept, varying_after, choices = choose(rows, varying, "trainer.lr", lm=True)
+    assert varying_after == varying == ["model.kv_heads", "trainer.lr"]
+    assert [(row.label, sorted(r.config["seed"] for r in row.runs)) for row in kept] == [
+        ("kv=1,lr=0.002", [1, 2, 3]), ("kv=2,lr=0.001", [1, 2, 3])]
+    one, two = choices
+    # on seed 1 alone: the later seeds' worse scores at the chosen rate do not count (their mean
+    # over all of a rate's runs would have chosen 1e-3 for kv=1 and 2e-3 for kv=2)
+    assert one.seeds == two.seeds == [1]
+    assert one.scores == {"0.0005": 2.33, "0.001": 2.20, "0.002": 2.10}
+    assert (one.chosen, one.edge, one.runs["0.002"]) == ("0.002", "largest", 3)
+    assert (two.chosen, two.edge) == ("0.001", None)
+
+
+def test_the_smallest_value_is_flagged_too_and_a_lone_value_compares_nothing():
+    runs = [_run(1, lr, 1, bpb) for lr, bpb in ((1e-4, 2.0), (1e-3, 2.1))] + [_run(2, 1e-3, 1, 2.2)]
+    rows, varying = group(runs)
+    _, _, choices = choose(rows, varying, "trainer.lr", lm=True)
+    assert [(c.label, c.chosen, c.edge) for c in choices] == [("kv=1", "0.0001", "smallest"),
+                                                               ("kv=2", "0.001", None)]
+    shown = table(choices, "trainer.lr", lm=True)
+    assert shown["header"] == ["setting", "lr=0.0001", "lr=0.001", "chosen lr",
+                               "compared on seeds", "runs at the chosen value", "note"]
+    assert shown["rows"] == [
+        ["kv=1", "2.0000", "2.1000", "0.0001", "1", "1",
+         "the smallest value tried: a smaller one may be better"],
+        ["kv=2", "", "2.2000", "0.001", "1", "1", "one value: nothing compared"]]
+    assert "lowest valid bits per byte" in shown["note"]
+
+
+def test_a_translator_chooses_by_valid_perplexity_and_means_over_shared_seeds():
+    runs = [_run(8, lr, seed, ppl, lm=False) for lr, scores in ((1e-3, (6.0, 6.4)),
+                                                                (2e-3, (6.3, 6.0)))
+            for seed, ppl in zip((1, 2), scores)]
+    rows, varying = group(runs)
+    kept, _, (choice,) = choose(rows, varying, "trainer.lr", lm=False)
+    assert choice.scores == pytest.approx({"0.001": 6.2, "0.002": 6.15})
+    assert choice.seeds == [1, 2] and [row.label for row in kept] == ["lr=0.002"]
+    assert "valid PPL" in table([choice], "trainer.lr", lm=False)["note"]
+
+
+@pytest.mark.parametrize("runs, key, message", [
+    ([_run(1, 1e-3, 1, 2.0), _run(2, 1e-3, 1, 2.1)], "trainer.lr",
+     "--choose trainer.lr: it does not vary between these runs (what varies: model.kv_heads)"),
+    ([_run(1, 1e-3, 1, 2.0), _run(1, 2e-3, 2, 2.1)], "trainer.lr",
+     "--choose trainer.lr: at all runs its values share no seed to compare them on (0.001: seeds"
+     " 1; 0.002: seeds 2); run every value with one same seed"),
+    ([_run(1, 1e-3, 1, 2.0), _run(1, 2e-3, 1, None)], "trainer.lr",
+     "--choose trainer.lr: a run of lr=0.002 has no valid bits per byte"),
+])
+def test_bad_use_is_one_line_naming_the_fix(runs, key, message):
+    rows, varying = group(runs)
+    with pytest.raises(ConfigError) as caught:
+        choose(rows, varying, key, lm=True)
+    assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
