@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from heads_lab.report import lm as lm_report
+from heads_lab.report.choose import choose as pick
 from heads_lab.report.rows import collect, comparisons, data_sets, group
 from heads_lab.report.seeds import p_text, significance
 
@@ -44,16 +45,19 @@ def runs(paths) -> Any:
     return pd.DataFrame.from_records(records)
 
 
-def rows(paths, samples: int = 1000) -> Any:
+def rows(paths, samples: int = 1000, choose: str | None = None) -> Any:
     """The report's rows: one per setting (seeds pooled), the settings that vary, the number of
     runs, each metric's mean and standard deviation over them, and the p against the base row
     the report prints (over the seeds where both rows have two or more; `p_test` says which
-    test, `p` its text as the report writes it)."""
+    test, `p` its text as the report writes it). `choose="trainer.lr"`: as `heads-lab report
+    --choose`, each setting's best value's row only (heads_lab/report/choose.py)."""
     import pandas as pd  # lazy: start-up time (pandas)
 
     found, _ = collect(_paths(paths))
     grouped, varying = group(found)
     lm = lm_report.is_lm(found)
+    if choose:
+        grouped, varying, _ = pick(grouped, varying, choose, lm)
     split = lm_report.split_of(found[0])
     records = []
     for subset in data_sets(grouped).values():

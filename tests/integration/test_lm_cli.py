@@ -202,6 +202,11 @@ def test_report_choose_keeps_each_settings_best_rate_from_the_run_files(lm_run, 
                           f"h={heads},2.3000,2.1000,,0.001,1,2,the largest value tried: a larger one "
                           "may be better"]
     assert "trainer.lr chosen per setting" in proc.stdout
+    from heads_lab.api.tables import rows as report_rows  # heads_lab.rows
+
+    table = report_rows(tmp_path / "study", samples=10, choose="trainer.lr")
+    assert [s.removesuffix(" (base)") for s in table["setting"]] == rows
+    assert table["runs"].tolist() == [2, 2]
     _assert_one_line_error(heads_lab("report", str(tmp_path / "study"), "--choose", "model.d_ff",
                                      "--out", str(tmp_path / "bad"), cwd=tmp_path),
                            "--choose model.d_ff: it does not vary between these runs")
