@@ -281,9 +281,10 @@ def _evaluated_weights(run: RunConfig, model, run_dir: Path, result) -> dict[str
 
 
 def _evaluated_validation(result, evaluated: dict[str, Any]) -> dict[str, float]:
-    """valid/loss and valid/ppl of the weights that were evaluated: with eval.checkpoint=best,
-    the best validation's (its entry in the history), not the last validation's, so that a
-    row's valid PPL and test BLEU come from one model. Empty where the last weights were."""
+    """The validation numbers of the weights that were evaluated (valid/loss, valid/ppl and a
+    language model's valid/bits_per_byte): with eval.checkpoint=best, the best validation's (its
+    entry in the history), not the last validation's, so that a row's valid and test numbers
+    come from one model. Empty where the last weights were."""
     if evaluated["checkpoint"] != "best":
         return {}
     found = [h for h in result.history if h.get("step") == evaluated["step"] and "valid/loss" in h]
@@ -291,7 +292,8 @@ def _evaluated_validation(result, evaluated: dict[str, Any]) -> dict[str, float]
         log.warning("no validation at the best step %d in the history: valid/ppl is the last "
                     "validation's", evaluated["step"])
         return {}
-    return {"valid/loss": found[-1]["valid/loss"], "valid/ppl": found[-1]["valid/ppl"]}
+    keys = ("valid/loss", "valid/ppl", "valid/bits_per_byte")
+    return {k: found[-1][k] for k in keys if k in found[-1]}
 
 
 def _subset_train(run: RunConfig, corpus) -> None:

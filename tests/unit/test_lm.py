@@ -306,3 +306,21 @@ def test_info_accounts_a_language_model_and_its_key_value_cache(capsys):
         assert r["params"]["total"] == count_parameters(LanguageModel(run.model, 2000))["total"]
     assert info(["task=lm", "model=tiny", "model.kv_heads=1,4"]) == 0
     assert "KV cache bytes/token" in capsys.readouterr().out
+
+
+def test_the_best_weights_validation_numbers_include_bits_per_byte():
+    """eval.checkpoint=best: results.json's valid numbers are the best validation's, a language
+    model's bits per byte too (not the last validation's beside the best's perplexity)."""
+    from types import SimpleNamespace
+
+    from heads_lab.commands.train import _evaluated_validation
+
+    history = [{"step": 100, "valid/loss": 4.0, "valid/ppl": 54.6, "valid/bits_per_byte": 1.9},
+               {"step": 200, "valid/loss": 4.2, "valid/ppl": 66.7, "valid/bits_per_byte": 2.0}]
+    result = SimpleNamespace(history=history)
+    assert _evaluated_validation(result, {"checkpoint": "best", "step": 100}) == {
+        "valid/loss": 4.0, "valid/ppl": 54.6, "valid/bits_per_byte": 1.9}
+    assert _evaluated_validation(result, {"checkpoint": "last", "step": 200}) == {}
+    translator = SimpleNamespace(history=[{"step": 100, "valid/loss": 2.0, "valid/ppl": 7.4}])
+    assert _evaluated_validation(translator, {"checkpoint": "best", "step": 100}) == {
+        "valid/loss": 2.0, "valid/ppl": 7.4}
