@@ -23,8 +23,9 @@ order of the settings, whichever dir it came from): `heads-lab report <new sweep
 earlier sweep with the same settings>` reuses finished runs instead of repeating them; a head-shape
 key one preset leaves None and another sets to the value the None stands for (model.kv_heads None =
 model.heads) is one setting, so those runs share a row. `--choose KEY` (e.g. trainer.lr, tuned per
-setting on seed 1): each setting keeps only its best value's row, compared on the seeds its values
-share (report/choose.py); every value's score goes to chosen.md and chosen.csv.
+setting on seed 1): the table, p and figures keep only each setting's best value's row, compared on
+the seeds its values share (report/choose.py); every value's score goes to chosen.md and
+chosen.csv, and runs.csv keeps every run.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from heads_lab.output.files import ensure_writable
 from heads_lab.output.tables import plain, to_rich, wide_console, write_csv, write_markdown
 from heads_lab.output.trackers import report_to_wandb
 from heads_lab.report import lm as lm_report
-from heads_lab.report.choose import choose
+from heads_lab.report.choose import choose, metric
 from heads_lab.report.choose import table as choice_table
 from heads_lab.report.figures import plot
 from heads_lab.report.lm import is_lm, split_of
@@ -88,7 +89,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="a setting tuned per row, e.g. trainer.lr: keep, for each setting of "
                              "the others, the value with the lowest validation score (valid bits "
                              "per byte, a translator's valid PPL) on the seeds its values share; "
-                             "the choices go to chosen.md and chosen.csv")
+                             "the choices go to chosen.md and chosen.csv (runs.csv keeps every "
+                             "run)")
     parser.add_argument("--wandb", action="store_true",
                         help="also log the table and plots to a wandb run (job_type report, in "
                              "the runs' project and group), under <out>/wandb")
@@ -116,12 +118,12 @@ def main(args: list[str]) -> int:
     if (out / "runs.csv").resolve() in inputs:
         raise ConfigError(f"--out {out} holds {out / 'runs.csv'}, which this report reads: it "
                           "would be overwritten; write the report to another dir")
-    ensure_writable(out, "--out" if opts.out else "the first dir")  # before the bootstrap
-    rows, varying = group(runs)
+    every, varying = group(runs)  # every row; runs.csv keeps them all
     lm = is_lm(runs)  # language models: PPL and bits per byte (heads_lab/report/lm.py)
-    choices = None
+    rows, choices = every, None
     if opts.choose:  # one value of a tuned setting per row (heads_lab/report/choose.py)
-        rows, varying, choices = choose(rows, varying, opts.choose, lm)
+        rows, varying, choices = choose(every, varying, opts.choose, lm)
+    ensure_writable(out, "--out" if opts.out else "the first dir")  # before the bootstrap
     kept = [r for row in rows for r in row.runs]  # (the first dir's runs still set the preset)
     split = split_of(runs[0])
     # on stderr: stdout keeps the table alone; markup off, as the other consoles (paths print whole)
@@ -131,6 +133,11 @@ def main(args: list[str]) -> int:
                  f"{'row' if lm else 'sentence'} draws) ...")
     started = time.monotonic()
     tables, seed_p = _tables(rows, runs, varying, split, opts.samples, lm)
+    if choices is not None:
+        for _, table in tables:
+            table["note"] += (f"; rows: each setting's {opts.choose} with the lowest "
+                              f"{metric(lm)[1]} (--choose; every value's score: chosen.md), "
+                              f"{len(runs) - len(kept)} runs at the other values left out")
     status.print(f"report: bootstrap done in {time.monotonic() - started:.0f} s")
     console = wide_console()
     for name, table in tables:
@@ -147,8 +154,8 @@ def main(args: list[str]) -> int:
         write_markdown(out / "chosen.md", chosen)
         write_csv(out / "chosen.csv", chosen)
     home = Path.home().resolve()
-    write_csv(out / "runs.csv", lm_report.runs_table(rows, split, lambda r: lm_report.where(
-        r, home)) if lm else runs_table(rows, split, seed_p))
+    write_csv(out / "runs.csv", lm_report.runs_table(every, split, lambda r: lm_report.where(
+        r, home)) if lm else runs_table(every, split, seed_p))
     table = tables[0][1] if len(tables) == 1 else joined(tables)
     drawn = [k for k in varying if k != opts.choose]  # a chosen value is no axis of its own
     pngs = plot(rows, drawn, split, out,

@@ -8,13 +8,16 @@ runs have the lowest validation score — a language model's valid bits per byte
 valid perplexity — is kept; the other values' rows leave the table (they are listed, with their
 scores, in chosen.md / chosen.csv). The values of a group are compared on the seeds they all share
 (seed 1 where seed 1 tuned the rate and seeds 2 and 3 ran at the chosen one), so adding seeds at
-the chosen value never changes the choice. A choice at the largest or smallest value tried is
-flagged: the best may lie beyond the values tried.
+the chosen value never changes the choice (a value run on fewer seeds narrows the comparison to
+those). Ties go to the first value in the report's order (the smallest number); a score that is
+not finite loses. A choice at the largest or smallest number tried is flagged: the best may lie
+beyond the values tried (a run that failed there is listed under the table, not scored).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +25,7 @@ from typing import Any
 from heads_lab.errors import ConfigError
 from heads_lab.output.tracking import short_key
 from heads_lab.report.labels import as_written
-from heads_lab.report.rows import Row
+from heads_lab.report.rows import Row, value_order
 
 
 @dataclass
@@ -48,6 +51,10 @@ def choose(rows: list[Row], varying: list[str], key: str, lm: bool
     the value each uses; the choices). ConfigError, one line, where KEY does not vary between
     the runs, or a group's values share no seed, or a value's runs lack the score."""
     name, words = metric(lm)
+    if key in ("seed", "data.name"):
+        why = ("seeds are pooled in a row, never chosen" if key == "seed"
+               else "scores on different corpora do not compare")
+        raise ConfigError(f"--choose {key}: {why}; choose a training setting (e.g. trainer.lr)")
     if key not in varying:
         raise ConfigError(
             f"--choose {key}: it does not vary between these runs (what varies: "
@@ -66,7 +73,7 @@ def choose(rows: list[Row], varying: list[str], key: str, lm: bool
             or "all runs"
         seeds = sorted(set.intersection(*({r.config.get("seed") for r in row.runs}
                                           for row in members)),
-                       key=lambda seed: _value_order(str(seed)))
+                       key=value_order)
         if not seeds:
             have = "; ".join(f"{_value(row, key)}: seeds "
                              f"{', '.join(str(r.config.get('seed')) for r in row.runs)}"
@@ -76,12 +83,13 @@ def choose(rows: list[Row], varying: list[str], key: str, lm: bool
         scores = {}
         for row in members:
             values = [r.metrics.get(name) for r in row.runs if r.config.get("seed") in seeds]
-            if any(v is None for v in values):
+            if any(v is None for v in values) and len(members) > 1:
                 raise ConfigError(f"--choose {key}: a run of {row.label} has no {words} "
                                   f"({name}) to choose by; validate every run "
                                   "(trainer.valid_every)")
-            scores[_value(row, key)] = statistics.fmean(values)
-        best = min(members, key=lambda row: scores[_value(row, key)])  # ties: the first
+            scores[_value(row, key)] = (statistics.fmean(values) if None not in values
+                                        else math.nan)
+        best = min(members, key=lambda row: _rank(scores[_value(row, key)]))  # ties: the first
         numbers = [row.runs[0].config.get(key) for row in members]
         edge = None
         if len(members) > 1 and all(isinstance(v, (int, float)) and not isinstance(v, bool)
@@ -92,8 +100,23 @@ def choose(rows: list[Row], varying: list[str], key: str, lm: bool
         kept.append(best)
         choices.append(Choice(label, scores, {_value(r, key): len(r.runs) for r in members},
                               seeds, _value(best, key), edge))
-    order = {id(row): i for i, row in enumerate(rows)}
-    return sorted(kept, key=lambda row: order[id(row)]), varying, choices
+    if all(len(c.scores) == 1 for c in choices):
+        raise ConfigError(
+            f"--choose {key}: no setting has two values of it to compare: it varies together "
+            f"with {', '.join(others) or 'nothing'} (a key set with each value splits the "
+            "settings); leave --choose out, or run one setting at several values")
+    first = {}  # data sets in the order the report gives them (its first dir's first)
+    for row in rows:
+        first.setdefault(json.dumps(row.runs[0].config.get("data.name")), len(first))
+    ranks = [[first[json.dumps(row.runs[0].config.get(k))] if k == "data.name"
+              else value_order(row.runs[0].config.get(k)) for k in others] for row in kept]
+    order = sorted(range(len(kept)), key=lambda i: ranks[i])  # as group() orders, KEY left out
+    return [kept[i] for i in order], varying, [choices[i] for i in order]
+
+
+def _rank(score: float) -> float:
+    """A score to minimise: one that is not finite (a diverged run's NaN) loses."""
+    return score if math.isfinite(score) else math.inf
 
 
 def _value(row: Row, key: str) -> str:
@@ -114,7 +137,8 @@ def table(choices: list[Choice], key: str, lm: bool) -> dict[str, Any]:
             "may be better")
         if len(c.scores) == 1:
             note = "one value: nothing compared"
-        body.append([c.label, *[f"{c.scores[v]:.4f}" if v in c.scores else "" for v in values],
+        body.append([c.label, *[f"{c.scores[v]:.4f}" if v in c.scores and not math.isnan(
+            c.scores[v]) else "" for v in values],
                      c.chosen, ", ".join(map(str, c.seeds)), str(c.runs[c.chosen]), note])
     note = (f"{short_key(key)} ({key}) chosen per setting by the lowest {words}, the mean over the "
             "seeds every value of the setting has (a value's other seeds do not count, so seeds "

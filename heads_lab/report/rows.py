@@ -210,7 +210,7 @@ def group(runs: list[Run]) -> tuple[list[Row], list[str]]:
         first.setdefault(json.dumps(run.config.get("data.name")), (0, len(first), ""))
     return sorted(rows.values(), key=lambda row: [
         first[json.dumps(row.runs[0].config.get(k))] if k == "data.name"
-        else _order(row.runs[0].config.get(k)) for k in varying]), varying
+        else value_order(row.runs[0].config.get(k)) for k in varying]), varying
 
 
 def follows(runs: list[Run], key: str, by: str) -> bool:
@@ -235,7 +235,7 @@ def data_sets(rows: list[Row]) -> dict[str, list[Row]]:
     return out
 
 
-def _order(value: Any) -> tuple:
+def value_order(value: Any) -> tuple:
     """Rows in the order of their settings: numbers by value, then text, then null."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return (0, value, "")

@@ -193,8 +193,15 @@ def test_report_choose_keeps_each_settings_best_rate_from_the_run_files(lm_run, 
     rows = [line.split("|")[1].strip().removesuffix(" (base)") for line in report.splitlines()
             if line.startswith("| h=")]
     assert rows == ["h=1,lr=0.001", f"h={heads},lr=0.001"]  # seed 3's 1.0 at 5e-4 counts not
-    runs_csv = (tmp_path / "out" / "runs.csv").read_text()
-    assert runs_csv.count("lr=0.001") >= 4 and "lr=0.0005" not in runs_csv
+    import csv
+
+    with open(tmp_path / "out" / "runs.csv", newline="") as f:  # every run, chosen or not
+        lines = sorted((r["setting"], r["seed"]) for r in csv.DictReader(f))
+    assert lines == sorted([("h=1,lr=0.0005", "1"), ("h=1,lr=0.001", "1"), ("h=1,lr=0.001", "2"),
+                            ("h=1,lr=0.002", "1"), (f"h={heads},lr=0.0005", "1"),
+                            (f"h={heads},lr=0.0005", "3"), (f"h={heads},lr=0.001", "1"),
+                            (f"h={heads},lr=0.001", "2")])
+    assert "4 runs at the other values left out" in report
     chosen = (tmp_path / "out" / "chosen.csv").read_text().splitlines()
     assert chosen[0] == ("setting,lr=0.0005,lr=0.001,lr=0.002,chosen lr,compared on seeds,"
                          "runs at the chosen value,note")
@@ -210,4 +217,4 @@ def test_report_choose_keeps_each_settings_best_rate_from_the_run_files(lm_run, 
     _assert_one_line_error(heads_lab("report", str(tmp_path / "study"), "--choose", "model.d_ff",
                                      "--out", str(tmp_path / "bad"), cwd=tmp_path),
                            "--choose model.d_ff: it does not vary between these runs")
-    assert not (tmp_path / "bad" / "report.md").exists()
+    assert not (tmp_path / "bad").exists()  # refused before anything is written

@@ -36,8 +36,9 @@ def _study() -> list[Run]:
 
 def test_each_setting_keeps_its_best_rate_on_the_seed_all_its_rates_share():
     rows, varying = group(_study())
+    assert varying == ["model.kv_heads", "trainer.lr"]
     kept, varying_after, choices = choose(rows, varying, "trainer.lr", lm=True)
-    assert varying_after == varying == ["model.kv_heads", "trainer.lr"]
+    assert varying_after == ["model.kv_heads", "trainer.lr"]  # the labels keep each row's rate
     assert [(row.label, sorted(r.config["seed"] for r in row.runs)) for row in kept] == [
         ("kv=1,lr=0.002", [1, 2, 3]), ("kv=2,lr=0.001", [1, 2, 3])]
     one, two = choices
@@ -90,3 +91,48 @@ def test_bad_use_is_one_line_naming_the_fix(runs, key, message):
     with pytest.raises(ConfigError) as caught:
         choose(rows, varying, key, lm=True)
     assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
+
+
+def test_kept_rows_follow_the_other_settings_order_whatever_the_key_sorts_before():
+    """--choose model.dropout: rows ordered by h (as the report orders them without the key),
+    not by the dropout each h chose; the choices in the same order."""
+    runs = []
+    for h, best in ((1, 0.2), (8, 0.0)):
+        for dropout in (0.0, 0.2):
+            run = _run(8, 1e-3, 1, 2.0 if dropout == best else 2.5)
+            run.config.update({"model.heads": h, "model.kv_heads": h, "model.dropout": dropout})
+            runs.append(run)
+    rows, varying = group(runs)
+    kept, _, choices = choose(rows, varying, "model.dropout", lm=True)
+    assert [row.runs[0].config["model.heads"] for row in kept] == [1, 8]
+    assert [(c.chosen, c.edge) for c in choices] == [("0.2", "largest"), ("0.0", "smallest")]
+
+
+def test_a_diverged_score_loses_and_a_lone_value_needs_no_score():
+    runs = [_run(1, 1e-4, 1, float("nan")), _run(1, 1e-3, 1, 2.1), _run(1, 2e-3, 1, 2.0),
+            _run(2, 1e-3, 1, None)]
+    rows, varying = group(runs)
+    kept, _, (one, two) = choose(rows, varying, "trainer.lr", lm=True)
+    assert (one.chosen, one.edge, two.chosen) == ("0.002", "largest", "0.001")
+    assert table([one, two], "trainer.lr", lm=True)["rows"][0][1] == ""  # NaN: no score shown
+
+
+@pytest.mark.parametrize("key, message", [
+    ("data.name", "--choose data.name: scores on different corpora do not compare"),
+    ("seed", "--choose seed: seeds are pooled in a row, never chosen"),
+])
+def test_keys_that_cannot_be_chosen_are_refused(key, message):
+    rows, varying = group(_study())
+    with pytest.raises(ConfigError, match=message):
+        choose(rows, varying, key, lm=True)
+
+
+def test_a_key_set_with_each_value_leaves_nothing_to_compare_and_says_so():
+    runs = [_run(1, 1e-3, 1, 2.0), _run(1, 2e-3, 1, 2.1)]
+    runs[1].config["trainer.warmup_steps"] = 50  # set with the second rate only
+    runs[0].config["trainer.warmup_steps"] = 100
+    rows, varying = group(runs)
+    with pytest.raises(ConfigError, match=r"--choose trainer.lr: no setting has two values of it "
+                                          r"to compare: it varies together with "
+                                          r"trainer.warmup_steps"):
+        choose(rows, varying, "trainer.lr", lm=True)
