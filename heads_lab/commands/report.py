@@ -24,8 +24,8 @@ earlier sweep with the same settings>` reuses finished runs instead of repeating
 key one preset leaves None and another sets to the value the None stands for (model.kv_heads None =
 model.heads) is one setting, so those runs share a row. `--choose KEY` (e.g. trainer.lr, tuned per
 setting on seed 1): the table, p and figures keep only each setting's best value's row, compared on
-the seeds its values share (report/choose.py); every value's score goes to chosen.md and
-chosen.csv, and runs.csv keeps every run.
+the seeds its values share (report/choose.py); every value's score goes to chosen.md,
+chosen.csv and chosen.png, and runs.csv keeps every run.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from heads_lab.output.trackers import report_to_wandb
 from heads_lab.report import lm as lm_report
 from heads_lab.report.choose import choose, metric
 from heads_lab.report.choose import table as choice_table
-from heads_lab.report.figures import plot
+from heads_lab.report.figures import plot, plot_choices
 from heads_lab.report.lm import is_lm, split_of
 from heads_lab.report.rows import (
     NOT_APPLICABLE,
@@ -160,6 +160,9 @@ def main(args: list[str]) -> int:
     drawn = [k for k in varying if k != opts.choose]  # a chosen value is no axis of its own
     pngs = plot(rows, drawn, split, out,
                 ("bits_per_byte", "bits per byte") if lm else ("bleu", "BLEU"))
+    if choices is not None:
+        pngs += [p for p in [plot_choices(choices, opts.choose, metric(lm)[1],
+                                          out / "chosen.png")] if p]
     console.print(f"report: {out / 'report.md'}, {out / 'report.csv'}, {out / 'runs.csv'}, "
                   + "".join(f"{out / n}, " for n in ("chosen.md", "chosen.csv") if choices)
                   + ", ".join(map(str, pngs)))

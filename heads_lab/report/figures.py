@@ -212,3 +212,45 @@ def plot_valid_curves(rows: list, path: Path) -> Path | None:
     seeds = sorted({len(row.runs) for row in rows if row.label in data})
     return draw_valid_curves(data, path, "valid PPL during training (★ its lowest; mean over "
                              f"{'/'.join(map(str, seeds))} seed{'s' if seeds != [1] else ''})")
+
+
+def plot_choices(choices: list, key: str, score_name: str, path: Path) -> Path | None:
+    """`report --choose`: each setting's validation score against the value of KEY (a line per
+    setting, log x where the values span 8× or more, as learning rates do), the chosen value
+    starred. None where KEY's values are not numbers (the table in chosen.md says it all)."""
+    import matplotlib  # lazy: start-up time (matplotlib), as in every figure module
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # lazy: start-up time (matplotlib), after use("Agg")
+
+    try:
+        lines = [(c, sorted((float(v), s) for v, s in c.scores.items() if math.isfinite(s)))
+                 for c in choices]
+    except ValueError:  # a value that is no number (attention=mha): no axis to draw it on
+        return None
+    xs = sorted({x for _, points in lines for x, _ in points})
+    if not xs:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for choice, points in lines:
+        drawn = ax.plot([x for x, _ in points], [s for _, s in points], marker="o",
+                        label=choice.label)
+        ax.plot([float(choice.chosen)], [choice.scores[choice.chosen]], marker="*",
+                markersize=14, color=drawn[0].get_color(), linestyle="none")
+    if min(xs) > 0 and max(xs) / min(xs) >= 8:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [f"{x:g}" for x in xs])
+    ax.minorticks_off()
+    seeds = sorted({", ".join(map(str, c.seeds)) for c in choices})
+    on = f"seed{'s' if len(seeds) > 1 or ',' in seeds[0] else ''} {' / '.join(seeds)}"
+    ax.set_xlabel(short_key(key) + (f" ({key})" if short_key(key) != key else ""))
+    ax.set_ylabel(score_name)
+    ax.set_title(f"{score_name} against {short_key(key)} (★ chosen; compared on {on})",
+                 fontsize=10)
+    ax.grid(alpha=0.3)
+    if len(lines) > 1:
+        ax.legend(fontsize=8)
+    tight(fig)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

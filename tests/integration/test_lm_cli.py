@@ -209,6 +209,7 @@ def test_report_choose_keeps_each_settings_best_rate_from_the_run_files(lm_run, 
                           f"h={heads},2.3000,2.1000,,0.001,1,2,the largest value tried: a larger one "
                           "may be better"]
     assert "trainer.lr chosen per setting" in proc.stdout
+    assert (tmp_path / "out" / "chosen.png").is_file()
     from heads_lab.api.tables import rows as report_rows  # heads_lab.rows
 
     table = report_rows(tmp_path / "study", samples=10, choose="trainer.lr")

@@ -136,3 +136,32 @@ def test_a_key_set_with_each_value_leaves_nothing_to_compare_and_says_so():
                                           r"to compare: it varies together with "
                                           r"trainer.warmup_steps"):
         choose(rows, varying, "trainer.lr", lm=True)
+
+
+def test_the_choice_figure_draws_each_settings_scores_and_stars_its_choice(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from heads_lab.report.figures import plot_choices
+
+    kept = []
+    monkeypatch.setattr(plt, "close", lambda fig=None: kept.append(fig))
+    rows, varying = group(_study())
+    _, _, choices = choose(rows, varying, "trainer.lr", lm=True)
+    path = plot_choices(choices, "trainer.lr", "valid bits per byte", tmp_path / "chosen.png")
+    assert path.is_file()
+    (ax,) = kept[0].axes
+    lines = [(list(line.get_xdata()), list(line.get_ydata()), line.get_marker())
+             for line in ax.get_lines()]
+    assert lines == [([5e-4, 1e-3, 2e-3], [2.33, 2.20, 2.10], "o"), ([2e-3], [2.10], "*"),
+                     ([5e-4, 1e-3, 2e-3], [2.33, 2.05, 2.11], "o"), ([1e-3], [2.05], "*")]
+    assert ax.get_xscale() == "linear"  # 5e-4 to 2e-3 spans 4×: no log axis
+    assert ax.get_title() == "valid bits per byte against lr (★ chosen; compared on seed 1)"
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["kv=1", "kv=2"]
+    runs = [_run(8, 1e-3, 1, 2.0), _run(8, 2e-3, 1, 2.1)]
+    for run, attention in zip(runs, ("mha", "talking_heads")):
+        run.config["trainer.lr"] = 1e-3
+        run.config["model.attention"] = attention
+    rows, varying = group(runs)
+    _, _, words = choose(rows, varying, "model.attention", lm=True)
+    assert plot_choices(words, "model.attention", "valid bits per byte",
+                        tmp_path / "none.png") is None  # no numbers: no axis
