@@ -120,9 +120,7 @@ def main(args: list[str]) -> int:
                           "would be overwritten; write the report to another dir")
     every, varying = group(runs)  # every row; runs.csv keeps them all
     lm = is_lm(runs)  # language models: PPL and bits per byte (heads_lab/report/lm.py)
-    rows, choices = every, None
-    if opts.choose:  # one value of a tuned setting per row (heads_lab/report/choose.py)
-        rows, varying, choices = choose(every, varying, opts.choose, lm)
+    rows, varying, choices = _choose(every, varying, opts.choose, lm)
     ensure_writable(out, "--out" if opts.out else "the first dir")  # before the bootstrap
     kept = [r for row in rows for r in row.runs]  # (the first dir's runs still set the preset)
     split = split_of(runs[0])
@@ -180,6 +178,18 @@ def main(args: list[str]) -> int:
         if where:
             console.print(f"wandb report run: {where} (upload: wandb sync {where})")
     return 0
+
+
+def _choose(every: list[Row], varying: list[str], key: str | None, lm: bool):
+    """--choose KEY: each setting's best value's row (heads_lab/report/choose.py), the others
+    marked for runs.csv (no p, and not for being the base row); without it, every row."""
+    if not key:
+        return every, varying, None
+    rows, varying, choices = choose(every, varying, key, lm)
+    for row in every:
+        if not any(row is k for k in rows):
+            row.p_reason = f"another {key} chosen"
+    return rows, varying, choices
 
 
 def _tables(rows: list[Row], runs, varying: list[str], split: str, samples: int,

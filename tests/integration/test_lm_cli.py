@@ -196,7 +196,10 @@ def test_report_choose_keeps_each_settings_best_rate_from_the_run_files(lm_run, 
     import csv
 
     with open(tmp_path / "out" / "runs.csv", newline="") as f:  # every run, chosen or not
-        lines = sorted((r["setting"], r["seed"]) for r in csv.DictReader(f))
+        records = list(csv.DictReader(f))
+    lines = sorted((r["setting"], r["seed"]) for r in records)
+    assert {r["p vs base"] for r in records if "lr=0.001" not in r["setting"]} == {
+        "– (another trainer.lr chosen)"}  # no p, and not the base row's
     assert lines == sorted([("h=1,lr=0.0005", "1"), ("h=1,lr=0.001", "1"), ("h=1,lr=0.001", "2"),
                             ("h=1,lr=0.002", "1"), (f"h={heads},lr=0.0005", "1"),
                             (f"h={heads},lr=0.0005", "3"), (f"h={heads},lr=0.001", "1"),
