@@ -400,7 +400,11 @@ def test_every_published_runs_csv_reads_back_into_its_reports_rows():
     for study in studies:
         runs, problems = collect([study / "runs.csv"])
         assert not problems, study
-        rows, _ = group(runs)
+        rows, varying = group(runs)
+        if (study / "chosen.csv").is_file():  # `report --choose`: its choices, then its rows
+            rows = _chosen_read_back(study, rows, varying)
+            if not (study / "report.csv").is_file():  # a tuning stage: the choices alone
+                continue
         with open(study / "report.csv", newline="", encoding="utf-8") as f:
             published = {r["setting"].removesuffix(" (base)").replace("=None", "=null"): r
                          for r in csv.DictReader(f)}  # (older reports wrote None for null)
@@ -412,6 +416,24 @@ def test_every_published_runs_csv_reads_back_into_its_reports_rows():
             if len(bleu) == len(row.runs) and published[label]["test BLEU"] not in ("", "-"):
                 mean = float(published[label]["test BLEU"].split(" ± ")[0].replace(",", ""))
                 assert statistics.fmean(bleu) == pytest.approx(mean, abs=0.0101), (study, label)
+
+
+def _chosen_read_back(study, rows, varying):
+    """A `report --choose` study's chosen.csv against its runs.csv: every value's score and the
+    value chosen per setting, as report/choose.py finds them again; the rows it keeps."""
+    import csv
+
+    from heads_lab.report.choose import choose, table
+
+    with open(study / "chosen.csv", newline="", encoding="utf-8") as f:
+        published = list(csv.DictReader(f))
+    key = next(k for k in varying if any(f"{k.split('.')[-1]}=" in c for c in published[0]))
+    lm = any(str(r.config.get("task")) == "lm" for row in rows for r in row.runs)
+    kept, _, choices = choose(rows, varying, key, lm)
+    again = table(choices, key, lm)
+    assert [dict(zip(again["header"], [c.replace(",", "") for c in r])) for r in again["rows"]] \
+        == [{k: v.replace(",", "") for k, v in r.items()} for r in published], study
+    return kept
 
 
 def test_seed_aware_p_puts_the_published_p_beside_the_one_over_seeds(tmp_path, capsys):
